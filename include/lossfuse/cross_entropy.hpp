@@ -1,0 +1,64 @@
+// lossfuse: cross-entropy over large vocabularies.
+//
+// logits: (C), (N, C) or (N, C, d1..dk); the class dim is 1 (0 when unbatched). Any strides.
+// target: class indices of any integer dtype with the logits' shape minus the class dim, used as they are,
+//         or probabilities ("soft targets") of the logits' dtype and shape.
+//
+// With z = softcap > 0 ? softcap * tanh(logit_scale * x / softcap) : logit_scale * x over the classes of a
+// row, lse = log sum_c exp(z_c), w the class weights (1 when absent) and eps = label_smoothing:
+//   index target y: loss = (1 - eps) w_y (lse - z_y) + (eps / C) sum_c w_c (lse - z_c) + z_loss_scale lse^2
+//   soft target p:  loss = sum_c w_c p'_c (lse - z_c) + z_loss_scale lse^2, with p' = (1 - eps) p + eps / C
+// Rows whose target is ignore_index contribute 0 and no gradient. Reduction 'mean' divides the sum by
+// sum_rows w_y over non-ignored rows (index targets; PyTorch's rule, also for the smoothing term) or by the
+// number of rows (soft targets). The z-loss term uses the same reduction and denominator and is also
+// reported alone in `z_loss`. This is torch.nn.functional.cross_entropy when logit_scale = 1, softcap = 0
+// and z_loss_scale = 0.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse {
+
+struct CrossEntropyOptions {
+  Reduction reduction = Reduction::mean;
+  std::int64_t ignore_index = -100;  // any value; must stay -100 with soft targets
+  double label_smoothing = 0.0;      // in [0, 1]
+  std::optional<TensorView> weight;  // (C); dtype of the logits, float32 or float64
+  double logit_scale = 1.0;          // finite
+  double softcap = 0.0;              // 0 disables soft-capping; else finite and > 0
+  double z_loss_scale = 0.0;         // finite, >= 0
+};
+
+// Outputs are contiguous, float32 (float64 for float64 logits): losses are never stored in 16 bits.
+struct CrossEntropyOutputs {
+  TensorView loss;                    // reduction none: the row shape (target shape); else a scalar
+  std::optional<TensorView> lse;      // row shape: the per-row log-sum-exp of z, saved for backward
+  std::optional<TensorView> z_loss;   // shape of `loss`: the z-loss term alone, reduced like the loss
+};
+
+// How the gradient is written. In place overwrites the logits with their gradient and must be asked for:
+// any other overlap between grad_logits and logits is an error.
+enum class GradWrite : std::uint8_t { separate, in_place };
+
+// Forward: reads each logit once (online log-sum-exp over vocabulary chunks).
+void cross_entropy_forward(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& options,
+                           const CrossEntropyOutputs& out);
+
+// Backward from the saved log-sum-exp: one read of the logits, one write of grad_logits (dtype and shape of
+// the logits). grad_loss has the shape of the forward loss (absent: 1).
+void cross_entropy_backward(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                            const std::optional<TensorView>& grad_loss, const CrossEntropyOptions& options,
+                            const TensorView& grad_logits, GradWrite write = GradWrite::separate);
+
+// Forward and backward in one call: the gradient is written while the rows are hot in cache, scaled by
+// grad_loss (absent: 1), so a training step needs no second pass over the logits.
+void cross_entropy_forward_backward(const TensorView& logits, const TensorView& target,
+                                    const CrossEntropyOptions& options, const CrossEntropyOutputs& out,
+                                    const std::optional<TensorView>& grad_loss, const TensorView& grad_logits,
+                                    GradWrite write = GradWrite::separate);
+
+}  // namespace lossfuse

@@ -1,0 +1,11 @@
+// lossfuse: the whole public API.
+#pragma once
+
+#include "lossfuse/catalog.hpp"
+#include "lossfuse/cross_entropy.hpp"
+#include "lossfuse/dtype.hpp"
+#include "lossfuse/error.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/nll.hpp"
+#include "lossfuse/parallel.hpp"
+#include "lossfuse/tensor.hpp"

@@ -1,0 +1,41 @@
+// Argument checks shared by every loss and backend. Each throws lossfuse::Error naming the argument, what
+// was expected and what was given; none writes anything.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lossfuse/error.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::core {
+
+// ndim in [0, kMaxDims], sizes and strides >= 0, element count and largest offset within int64, data non-null
+// and aligned to the element size when there are elements, device as given.
+void check_view(const TensorView& t, std::string_view name, Device device = Device::cpu);
+
+void check_dtype(const TensorView& t, std::string_view name, DType expected);
+void check_floating(const TensorView& t, std::string_view name);
+void check_contiguous(const TensorView& t, std::string_view name);
+void check_shape(const TensorView& t, std::string_view name, const std::int64_t* shape, int ndim);
+void check_reduction(Reduction r);
+// A scalar (one element) for reductions mean/sum; else the row shape.
+void check_reduced_shape(const TensorView& t, std::string_view name, Reduction r, const std::int64_t* row_shape,
+                         int row_ndim);
+void check_finite_option(double v, std::string_view name);
+
+// Throws when the byte ranges spanned by a and b intersect.
+void check_no_overlap(const TensorView& a, std::string_view a_name, const TensorView& b, std::string_view b_name);
+
+std::string shape_string(const std::int64_t* shape, int ndim);
+
+// Class weights copied into the accumulation type, padded with zeros to a multiple of 64 so SIMD loops
+// may read whole vectors. Checks shape (C) and a floating dtype.
+template <class Acc>
+std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes);
+
+}  // namespace lossfuse::core

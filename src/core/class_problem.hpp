@@ -1,0 +1,60 @@
+// Checks and layout shared by the losses over a class dim (cross-entropy, NLL): input (C), (N, C) or
+// (N, C, d1..dk) with the class dim 1 (0 when unbatched), a target per row or a probability per element,
+// optional class weights, the reduced outputs and the gradient. Written once, used by every backend.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "core/cross_entropy_params.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::core {
+
+struct ClassProblem {
+  int class_dim = 0;
+  std::int64_t classes = 0, rows = 0;
+  std::int64_t row_shape[kMaxDims] = {};
+  int row_ndim = 0;
+  bool soft = false;
+  DType acc = DType::f32;
+};
+
+// Input, target and reduction. allow_soft: a floating target of the input's shape means probabilities.
+ClassProblem check_class_problem(const TensorView& input, std::string_view input_name, const TensorView& target,
+                                 Reduction reduction, bool allow_soft);
+
+// The gradient output: shape and dtype of the input, no overlap with it unless in_place, where it must be the
+// input's own buffer and strides.
+void check_grad_output(const TensorView& grad, std::string_view grad_name, const TensorView& input,
+                       std::string_view input_name, bool in_place);
+
+// The upstream gradient: Acc dtype, the forward loss's shape (any strides).
+void check_grad_loss(const std::optional<TensorView>& grad_loss, const ClassProblem& pb, Reduction reduction);
+
+// A row-shaped Acc-typed contiguous output or saved state (lse).
+void check_row_output(const TensorView& t, std::string_view name, const ClassProblem& pb);
+
+// Every pair of (name, view) in `written` is disjoint, and each is disjoint from every view in `read`.
+struct NamedView {
+  std::string_view name;
+  const TensorView* view;
+};
+void check_disjoint(const std::vector<NamedView>& written, const std::vector<NamedView>& read);
+
+// Fills the layout fields of p: rows, classes, strides, row index for input and target (and grad, grad_loss).
+void fill_layout(CeParams& p, const ClassProblem& pb, const TensorView& input, const TensorView& target,
+                 const TensorView* grad, const std::optional<TensorView>& grad_loss);
+
+// Reads a one-element Acc-typed tensor.
+double read_scalar(const TensorView& t);
+
+// Reductions mean/sum: sums the block partials in block order (a fixed order) and divides by `denominator`
+// for mean; writes the result to a one-element Acc-typed output.
+void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction,
+                   double denominator);
+
+}  // namespace lossfuse::core

@@ -1,0 +1,174 @@
+// Cross-entropy entries: check every argument (nothing is written before all checks pass), fill CeParams,
+// run the backend, finish the reduction.
+#include "lossfuse/cross_entropy.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/class_problem.hpp"
+#include "core/targets.hpp"
+#include "cpu/kernels.hpp"
+
+namespace lossfuse {
+namespace {
+
+using core::CeMode;
+using core::NamedView;
+
+void check_options(const CrossEntropyOptions& o, bool soft) {
+  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0)) {
+    throw Error(ErrorCode::invalid_value, "label_smoothing", "a value in [0, 1]", std::to_string(o.label_smoothing));
+  }
+  core::check_finite_option(o.logit_scale, "logit_scale");
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0)) {
+    throw Error(ErrorCode::invalid_value, "softcap", "0 (off) or a finite value > 0", std::to_string(o.softcap));
+  }
+  if (!(std::isfinite(o.z_loss_scale) && o.z_loss_scale >= 0.0)) {
+    throw Error(ErrorCode::invalid_value, "z_loss_scale", "a finite value >= 0", std::to_string(o.z_loss_scale));
+  }
+  if (soft && o.ignore_index != -100) {
+    throw Error(ErrorCode::invalid_value, "ignore_index", "the default -100 with probability targets",
+                std::to_string(o.ignore_index));
+  }
+}
+
+template <class Acc>
+void run(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
+         const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
+         const TensorView* grad, GradWrite write, const core::ClassProblem& pb) {
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes);
+  const Acc* w = weights.empty() ? nullptr : weights.data();
+
+  std::vector<NamedView> written, read = {{"logits", &logits}, {"target", &target}};
+  if (o.weight) read.push_back({"weight", &*o.weight});
+  if (out != nullptr) {
+    core::check_view(out->loss, "loss");
+    core::check_dtype(out->loss, "loss", pb.acc);
+    core::check_reduced_shape(out->loss, "loss", o.reduction, pb.row_shape, pb.row_ndim);
+    core::check_contiguous(out->loss, "loss");
+    written.push_back({"loss", &out->loss});
+    if (out->lse) {
+      core::check_row_output(*out->lse, "lse", pb);
+      written.push_back({"lse", &*out->lse});
+    }
+    if (out->z_loss) {
+      core::check_view(*out->z_loss, "z_loss");
+      core::check_dtype(*out->z_loss, "z_loss", pb.acc);
+      core::check_reduced_shape(*out->z_loss, "z_loss", o.reduction, pb.row_shape, pb.row_ndim);
+      core::check_contiguous(*out->z_loss, "z_loss");
+      written.push_back({"z_loss", &*out->z_loss});
+    }
+  }
+  if (lse_in != nullptr) {
+    core::check_row_output(*lse_in, "lse", pb);
+    read.push_back({"lse", lse_in});
+  }
+  if (grad != nullptr) {
+    core::check_grad_output(*grad, "grad_logits", logits, "logits", write == GradWrite::in_place);
+    core::check_grad_loss(grad_loss, pb, o.reduction);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    if (write == GradWrite::separate) written.push_back({"grad_logits", grad});
+  }
+  core::check_disjoint(written, read);
+  if (grad != nullptr && write == GradWrite::in_place) {
+    // The gradient replaces the logits by request; it must still miss every other buffer.
+    for (const NamedView& v : written) core::check_no_overlap(*grad, "grad_logits", *v.view, v.name);
+    for (const NamedView& v : read) {
+      if (v.view != &logits) core::check_no_overlap(*grad, "grad_logits", *v.view, v.name);
+    }
+  }
+
+  // Targets last: the scan also yields the 'mean' denominator.
+  core::CeParams p;
+  p.mode = mode;
+  core::fill_layout(p, pb, logits, target, grad, grad_loss);
+  double denominator = static_cast<double>(pb.rows);  // probability targets: mean over rows
+  if (!pb.soft) {
+    denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
+                                          pb.classes, o.ignore_index, w);
+  }
+
+  p.weight = w;
+  p.sum_w = static_cast<double>(pb.classes);
+  if (w != nullptr) {
+    p.sum_w = 0;
+    for (std::int64_t c = 0; c < pb.classes; ++c) p.sum_w += static_cast<double>(w[c]);
+  }
+  p.scale = o.logit_scale;
+  p.softcap = o.softcap;
+  p.eps = o.label_smoothing;
+  p.z_loss_scale = o.z_loss_scale;
+  p.ignore_index = o.ignore_index;
+  p.lse_in = lse_in != nullptr ? lse_in->data : nullptr;
+
+  if (grad != nullptr) {
+    if (o.reduction == Reduction::none) {
+      p.grad_loss = grad_loss ? grad_loss->data : nullptr;
+    } else {
+      p.grad_scale = grad_loss ? core::read_scalar(*grad_loss) : 1.0;
+      if (o.reduction == Reduction::mean) p.grad_scale /= denominator;
+    }
+  }
+
+  std::vector<double> block_loss, block_zloss;
+  if (out != nullptr) {
+    if (out->lse) p.lse_rows = out->lse->data;
+    if (o.reduction == Reduction::none) {
+      p.loss_rows = out->loss.data;
+      if (out->z_loss) p.zloss_rows = out->z_loss->data;
+    } else {
+      const std::int64_t blocks = (pb.rows + p.rows_per_block - 1) / p.rows_per_block;
+      block_loss.assign(static_cast<std::size_t>(blocks), 0.0);
+      block_zloss.assign(static_cast<std::size_t>(blocks), 0.0);
+      p.block_loss = block_loss.data();
+      p.block_zloss = block_zloss.data();
+    }
+  }
+
+  cpu::cross_entropy_rows(p);
+
+  if (out != nullptr && o.reduction != Reduction::none) {
+    core::write_reduced(out->loss, block_loss, o.reduction, denominator);
+    if (out->z_loss) core::write_reduced(*out->z_loss, block_zloss, o.reduction, denominator);
+  }
+}
+
+void dispatch(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
+              const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
+              const TensorView* grad, GradWrite write) {
+  const core::ClassProblem pb = core::check_class_problem(logits, "logits", target, o.reduction, true);
+  check_options(o, pb.soft);
+  if (write != GradWrite::separate && write != GradWrite::in_place) {
+    throw Error(ErrorCode::invalid_value, "write", "GradWrite::separate or GradWrite::in_place",
+                "code " + std::to_string(static_cast<int>(write)));
+  }
+  if (pb.acc == DType::f64) {
+    run<double>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, pb);
+  } else {
+    run<float>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, pb);
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& options,
+                           const CrossEntropyOutputs& out) {
+  dispatch(CeMode::forward, logits, target, options, &out, nullptr, std::nullopt, nullptr, GradWrite::separate);
+}
+
+void cross_entropy_backward(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                            const std::optional<TensorView>& grad_loss, const CrossEntropyOptions& options,
+                            const TensorView& grad_logits, GradWrite write) {
+  dispatch(CeMode::backward, logits, target, options, nullptr, &lse, grad_loss, &grad_logits, write);
+}
+
+void cross_entropy_forward_backward(const TensorView& logits, const TensorView& target,
+                                    const CrossEntropyOptions& options, const CrossEntropyOutputs& out,
+                                    const std::optional<TensorView>& grad_loss, const TensorView& grad_logits,
+                                    GradWrite write) {
+  dispatch(CeMode::forward_backward, logits, target, options, &out, nullptr, grad_loss, &grad_logits, write);
+}
+
+}  // namespace lossfuse

@@ -1,0 +1,52 @@
+// The plain parameter struct the core fills after checking and every cross-entropy / NLL kernel takes.
+#pragma once
+
+#include <cstdint>
+
+#include "core/row_index.hpp"
+#include "lossfuse/dtype.hpp"
+
+namespace lossfuse::core {
+
+enum class CeMode : std::uint8_t { forward, backward, forward_backward };
+
+// Views in RowIndex order.
+enum RowView : int { kLogitsRow = 0, kTargetRow = 1, kGradRow = 2, kGradLossRow = 3 };
+
+struct CeParams {
+  CeMode mode = CeMode::forward;
+  DType dtype = DType::f32;         // logits and gradient
+  DType target_dtype = DType::i64;  // integer: class indices; floating (== dtype): probabilities
+  bool soft = false;
+
+  const void* logits = nullptr;  // rows x classes, strided (x_cstride along classes)
+  const void* target = nullptr;  // index: one per row; soft: rows x classes (t_cstride)
+  void* grad = nullptr;          // like logits (g_cstride); may equal logits (in place)
+  std::int64_t rows = 0, classes = 0;
+  std::int64_t x_cstride = 1, t_cstride = 1, g_cstride = 1;
+  RowIndex index;
+
+  const void* weight = nullptr;  // Acc[classes rounded up to 64], zero padded; nullptr: unweighted
+  double sum_w = 0;              // sum of all class weights (classes when unweighted)
+  double scale = 1, softcap = 0, eps = 0, z_loss_scale = 0;
+  std::int64_t ignore_index = -100;
+
+  // Row outputs, Acc typed and contiguous; nullptr when not wanted.
+  void* loss_rows = nullptr;   // reduction none
+  void* lse_rows = nullptr;
+  void* zloss_rows = nullptr;  // reduction none
+  const void* lse_in = nullptr;  // backward: the saved log-sum-exp
+
+  // Upstream gradient of row r: grad_loss[index.offset(kGradLossRow, r)] * grad_scale when grad_loss is set
+  // (reduction none), else grad_scale (mean/sum, with 1/denominator folded in).
+  const void* grad_loss = nullptr;
+  double grad_scale = 1;
+
+  // Reductions mean/sum: the sums of each block of rows_per_block rows, in double. The block split depends
+  // on the problem only, never on the thread count, so the reduction order is fixed.
+  std::int64_t rows_per_block = 1;
+  double* block_loss = nullptr;
+  double* block_zloss = nullptr;
+};
+
+}  // namespace lossfuse::core

@@ -1,0 +1,87 @@
+// NLL entries: checks shared with cross-entropy (core/class_problem.hpp), then the CPU kernel.
+#include "lossfuse/nll.hpp"
+
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/class_problem.hpp"
+#include "core/targets.hpp"
+#include "cpu/kernels.hpp"
+
+namespace lossfuse {
+namespace {
+
+template <class Acc>
+void run(core::CeMode mode, const TensorView& input, const TensorView& target, const NllOptions& o,
+         const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad,
+         const core::ClassProblem& pb) {
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes);
+  const Acc* w = weights.empty() ? nullptr : weights.data();
+  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
+  if (o.weight) read.push_back({"weight", &*o.weight});
+  if (loss != nullptr) {
+    core::check_view(*loss, "loss");
+    core::check_dtype(*loss, "loss", pb.acc);
+    core::check_reduced_shape(*loss, "loss", o.reduction, pb.row_shape, pb.row_ndim);
+    core::check_contiguous(*loss, "loss");
+    written.push_back({"loss", loss});
+  }
+  if (grad != nullptr) {
+    core::check_grad_output(*grad, "grad_input", input, "input", false);
+    core::check_grad_loss(grad_loss, pb, o.reduction);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    written.push_back({"grad_input", grad});
+  }
+  core::check_disjoint(written, read);
+
+  core::CeParams p;
+  p.mode = mode;
+  core::fill_layout(p, pb, input, target, grad, grad_loss);
+  const double denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
+                                                     pb.classes, o.ignore_index, w);
+  p.weight = w;
+  p.ignore_index = o.ignore_index;
+  std::vector<double> blocks;
+  if (loss != nullptr) {
+    if (o.reduction == Reduction::none) {
+      p.loss_rows = loss->data;
+    } else {
+      blocks.assign(static_cast<std::size_t>((pb.rows + p.rows_per_block - 1) / p.rows_per_block), 0.0);
+      p.block_loss = blocks.data();
+    }
+  }
+  if (grad != nullptr) {
+    if (o.reduction == Reduction::none) {
+      p.grad_loss = grad_loss ? grad_loss->data : nullptr;
+    } else {
+      p.grad_scale = grad_loss ? core::read_scalar(*grad_loss) : 1.0;
+      if (o.reduction == Reduction::mean) p.grad_scale /= denominator;
+    }
+  }
+  cpu::nll_rows(p);
+  if (loss != nullptr && o.reduction != Reduction::none) core::write_reduced(*loss, blocks, o.reduction, denominator);
+}
+
+void dispatch(core::CeMode mode, const TensorView& input, const TensorView& target, const NllOptions& o,
+              const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  const core::ClassProblem pb = core::check_class_problem(input, "input", target, o.reduction, false);
+  if (pb.acc == DType::f64) {
+    run<double>(mode, input, target, o, loss, grad_loss, grad, pb);
+  } else {
+    run<float>(mode, input, target, o, loss, grad_loss, grad, pb);
+  }
+}
+
+}  // namespace
+
+void nll_forward(const TensorView& input, const TensorView& target, const NllOptions& options,
+                 const TensorView& loss) {
+  dispatch(core::CeMode::forward, input, target, options, &loss, std::nullopt, nullptr);
+}
+
+void nll_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                  const NllOptions& options, const TensorView& grad_input) {
+  dispatch(core::CeMode::backward, input, target, options, nullptr, grad_loss, &grad_input);
+}
+
+}  // namespace lossfuse

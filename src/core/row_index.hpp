@@ -1,0 +1,42 @@
+// Maps a flat row index to element offsets in several strided views that share the row dims
+// (N, d1..dk): the logits with the class dim removed, the target, the gradient, the upstream gradient.
+#pragma once
+
+#include <cstdint>
+
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::core {
+
+inline constexpr int kMaxViews = 4;
+
+struct RowIndex {
+  int ndim = 0;                                     // number of row dims (0: a single row)
+  std::int64_t sizes[kMaxDims] = {};                // row dims, outermost first
+  std::int64_t strides[kMaxViews][kMaxDims] = {};   // per view, per row dim
+
+  // Element offset of row r in view v.
+  [[nodiscard]] std::int64_t offset(int v, std::int64_t r) const noexcept {
+    std::int64_t off = 0;
+    for (int i = ndim - 1; i >= 0; --i) {
+      const std::int64_t q = r / sizes[i];
+      off += (r - q * sizes[i]) * strides[v][i];
+      r = q;
+    }
+    return off;
+  }
+};
+
+// Row dims and strides of `t` with dim `skip` removed (skip < 0: none removed).
+inline void set_row_view(RowIndex& idx, int v, const TensorView& t, int skip) {
+  int j = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (i == skip) continue;
+    idx.sizes[j] = t.shape[i];
+    idx.strides[v][j] = t.strides[i];
+    ++j;
+  }
+  idx.ndim = j;
+}
+
+}  // namespace lossfuse::core

@@ -1,0 +1,61 @@
+// Reading integer class targets of any dtype, and the one pass that validates them before any output is
+// written.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "core/row_index.hpp"
+#include "lossfuse/dtype.hpp"
+#include "lossfuse/error.hpp"
+
+namespace lossfuse::core {
+
+inline std::int64_t read_target(const void* base, DType dtype, std::int64_t offset) noexcept {
+  switch (dtype) {
+    case DType::u8: return static_cast<const std::uint8_t*>(base)[offset];
+    case DType::i8: return static_cast<const std::int8_t*>(base)[offset];
+    case DType::i16: return static_cast<const std::int16_t*>(base)[offset];
+    case DType::i32: return static_cast<const std::int32_t*>(base)[offset];
+    case DType::i64: return static_cast<const std::int64_t*>(base)[offset];
+    default: return 0;
+  }
+}
+
+inline std::string row_position(const RowIndex& idx, std::int64_t r) {
+  std::int64_t coords[kMaxDims] = {};
+  for (int i = idx.ndim - 1; i >= 0; --i) {
+    coords[i] = r % idx.sizes[i];
+    r /= idx.sizes[i];
+  }
+  std::string s = "[";
+  for (int i = 0; i < idx.ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(coords[i]);
+  }
+  return s + "]";
+}
+
+// Checks every target is in [0, classes) or equals ignore_index; throws index_error naming the first bad
+// position (in row-major order) and its value. Returns sum over non-ignored rows of w[target] (1 when
+// unweighted), summed in row order in double: the 'mean' denominator.
+template <class Acc>
+double scan_targets(const void* target, DType dtype, const RowIndex& idx, int view, std::int64_t rows,
+                    std::int64_t classes, std::int64_t ignore_index, const Acc* weight) {
+  double total = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t t = read_target(target, dtype, idx.offset(view, r));
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= classes) {
+      throw Error(ErrorCode::index_error, "target",
+                  "a class index in [0, " + std::to_string(classes) + ") or ignore_index (" +
+                      std::to_string(ignore_index) + ")",
+                  std::to_string(t) + " at position " + row_position(idx, r));
+    }
+    total += weight != nullptr ? static_cast<double>(weight[t]) : 1.0;
+  }
+  return total;
+}
+
+}  // namespace lossfuse::core

@@ -1,0 +1,373 @@
+// CPU cross-entropy kernels: forward, backward from the saved log-sum-exp, and fused forward+backward.
+//
+// logits:  rows x C, any strides (x_cstride along classes); float32 / float64 / float16 / bfloat16
+// target:  one class index per row (any integer dtype), or rows x C probabilities (dtype of the logits)
+// grad:    rows x C like logits (may be the logits buffer itself when the caller asked for in place)
+// outputs: per-row loss / lse / z-loss (Acc) or per-block sums for the reductions
+//
+// Per row, z_c = T(x_c) (logit_scale, then softcap * tanh(. / softcap)); the row is read once in chunks of
+// kChunk classes: each chunk is converted and transformed into an L1-resident buffer while its max is taken,
+// then exp(z - chunk max) and the smoothing / soft-target sums are taken from the buffer, and the chunk's
+// (max, sum) joins the row's online log-sum-exp (src/math/online_lse.hpp). The loss and gradient formulas are
+// in src/math/cross_entropy_math.hpp. The gradient pass re-reads the row, which the fused entry finds in L2.
+// Rows whose class stride is not 1 take a scalar path with the same math.
+//
+// Accumulation in float32 (float64 for float64 logits); row losses summed per fixed block of rows in double.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/cross_entropy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/cross_entropy_params.hpp"
+#include "core/targets.hpp"
+#include "cpu/hwy_io-inl.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "math/cross_entropy_math.hpp"
+#include "math/online_lse.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace lossfuse::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using core::CeMode;
+using core::CeParams;
+
+// Classes per chunk: 8 KiB of Acc, so the chunk buffers stay in L1.
+template <class Acc>
+constexpr std::int64_t kChunk = 8192 / sizeof(Acc);
+
+template <class Acc>
+struct RowCtx {
+  math::LogitTransform<Acc> xf;
+  math::CeRowParams<Acc> rp;
+  const Acc* w;  // padded class weights or nullptr
+  bool need_wz;  // label smoothing: the sum of w (z - ref) is needed
+};
+
+// z = T(x); with softcap also returns th = tanh(scale x / softcap) for the derivative. NaN stays NaN.
+template <bool kCap, class D, class V>
+HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, V* th) {
+  const V z = hn::Mul(x, hn::Set(d, xf.scale));
+  if constexpr (!kCap) {
+    (void)th;
+    return z;
+  } else {
+    const V t = hn::Tanh(d, hn::Mul(z, hn::Set(d, xf.inv_softcap)));
+    *th = hn::IfThenElse(hn::Ne(z, z), z, t);
+    return hn::Mul(*th, hn::Set(d, xf.softcap));
+  }
+}
+
+// Forward statistics of one contiguous row. Returns false for a non-finite row (NaN or +inf in z, or only
+// -inf), whose lse is NaN.
+template <bool kCap, bool kSoft, class T, class Acc>
+HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, std::int64_t C, const RowCtx<Acc>& cx,
+                           math::RowSums<Acc>& rs) {
+  const hn::ScalableTag<Acc> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr std::int64_t kC = kChunk<Acc>;
+  HWY_ALIGN Acc zbuf[kC + 64];
+  HWY_ALIGN Acc pbuf[kSoft ? kC + 64 : 1];
+  constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+  const bool sums = cx.need_wz || kSoft;
+
+  math::LseState<Acc> st;
+  Acc ref = 0;
+  V swz = hn::Zero(d), swp = hn::Zero(d), swpz = hn::Zero(d);
+  for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
+    const std::int64_t len = std::min(kC, C - c0);
+    V vmax = hn::Set(d, -kInf);
+    V vnan = hn::Zero(d);
+    std::int64_t i = 0;
+    for (; i + N <= len; i += N) {
+      V th;
+      const V z = Transform<kCap>(d, LoadAcc(d, x + c0 + i), cx.xf, &th);
+      hn::Store(z, d, zbuf + i);
+      vmax = hn::Max(vmax, z);
+      vnan = hn::Or(vnan, hn::VecFromMask(d, hn::Ne(z, z)));
+      if constexpr (kSoft) hn::Store(LoadAcc(d, pt + c0 + i), d, pbuf + i);
+    }
+    Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    bool bad = !hn::AllFalse(d, hn::MaskFromVec(vnan));
+    for (; i < len; ++i) {
+      const Acc z = cx.xf.apply(ToAcc<Acc>(x[c0 + i]));
+      zbuf[i] = z;
+      bad |= std::isnan(z);
+      m = std::max(m, z);
+      if constexpr (kSoft) pbuf[i] = ToAcc<Acc>(pt[c0 + i]);
+    }
+    if (bad || m == kInf) return false;
+    const std::int64_t padded = (len + N - 1) / N * N;
+    for (std::int64_t j = len; j < padded; ++j) {
+      zbuf[j] = -kInf;  // exp gives 0
+      if constexpr (kSoft) pbuf[j] = 0;
+    }
+    if (c0 == 0 && m > -kInf) ref = m;  // sums are taken relative to the first chunk's max
+    // A chunk of only -inf adds nothing to the exp sum; shifting by 0 keeps exp(-inf - shift) = 0.
+    const V vm = hn::Set(d, m > -kInf ? m : Acc(0));
+    const V vref = hn::Set(d, ref);
+    V vs = hn::Zero(d);
+    for (i = 0; i < padded; i += N) {
+      const V z = hn::Load(d, zbuf + i);
+      vs = hn::Add(vs, hn::Exp(d, hn::Sub(z, vm)));
+      if (sums) {
+        V zr = hn::Sub(z, vref);
+        if (i + N > len) zr = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(len - i)), zr);
+        const V wv = cx.w != nullptr ? hn::LoadU(d, cx.w + c0 + i) : hn::Set(d, Acc(1));
+        if (cx.need_wz) swz = hn::MulAdd(wv, zr, swz);
+        if constexpr (kSoft) {
+          const V wp = hn::Mul(wv, hn::Load(d, pbuf + i));
+          swp = hn::Add(swp, wp);
+          swpz = hn::MulAdd(wp, zr, swpz);
+        }
+      }
+    }
+    st = math::lse_combine(st, {m, hn::GetLane(hn::SumOfLanes(d, vs))});
+  }
+  if (st.m == -kInf) return false;
+  rs.m = ref;
+  rs.lse = math::lse_finalize(st);
+  rs.sum_wz = hn::GetLane(hn::SumOfLanes(d, swz));
+  rs.sum_wp = hn::GetLane(hn::SumOfLanes(d, swp));
+  rs.sum_wpz = hn::GetLane(hn::SumOfLanes(d, swpz));
+  return true;
+}
+
+// The same statistics for a row with class strides xs (logits) and ts (probabilities), in scalar code.
+template <bool kSoft, class T, class Acc>
+HWY_NOINLINE bool RowStatsStrided(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, std::int64_t C,
+                                  const RowCtx<Acc>& cx, math::RowSums<Acc>& rs) {
+  constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+  Acc m = -kInf;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const Acc z = cx.xf.apply(ToAcc<Acc>(x[c * xs]));
+    if (std::isnan(z)) return false;
+    m = std::max(m, z);
+  }
+  if (m == kInf || m == -kInf) return false;
+  Acc s = 0, swz = 0, swp = 0, swpz = 0;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const Acc z = cx.xf.apply(ToAcc<Acc>(x[c * xs]));
+    s += std::exp(z - m);
+    const Acc wc = cx.w != nullptr ? cx.w[c] : Acc(1);
+    if (cx.need_wz) swz += wc * (z - m);
+    if constexpr (kSoft) {
+      const Acc wp = wc * ToAcc<Acc>(pt[c * ts]);
+      swp += wp;
+      swpz += wp * (z - m);
+    }
+  }
+  rs = {m, m + std::log(s), swz, swp, swpz};
+  return true;
+}
+
+// sum_c w_c p_c of a probability row (the backward needs it and did not save it).
+template <class T, class Acc>
+HWY_NOINLINE Acc RowSumWp(const T* pt, std::int64_t ts, std::int64_t C, const Acc* w) {
+  Acc s = 0;
+  for (std::int64_t c = 0; c < C; ++c) s += (w != nullptr ? w[c] : Acc(1)) * ToAcc<Acc>(pt[c * ts]);
+  return s;
+}
+
+// Gradient of one row: g_c = gs * dz_c/dx_c * (q_c A - w_c b_c), q_c = exp(z_c - lse),
+// b_c = soft ? (1 - eps) p_c + eps / C : eps / C (the index target's own term is added by the caller).
+template <bool kCap, bool kSoft, class T, class Acc>
+HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,
+                          std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+  const Acc eps_c = cx.rp.eps_over_c;
+  const Acc one_m = Acc(1) - cx.rp.eps;
+  const bool wterm = kSoft || eps_c != Acc(0);
+  std::int64_t c = 0;
+  if (xs == 1 && gs_ == 1 && (!kSoft || ts == 1)) {
+    const hn::ScalableTag<Acc> d;
+    using V = hn::Vec<decltype(d)>;
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+    const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
+    const V veps = hn::Set(d, eps_c), vone_m = hn::Set(d, one_m);
+    const V vdscale = hn::Set(d, cx.xf.scale * gscale), vone = hn::Set(d, Acc(1));
+    for (; c + N <= C; c += N) {
+      V th;
+      const V xv = LoadAcc(d, x + c);
+      const V z = Transform<kCap>(d, xv, cx.xf, &th);
+      V t = hn::Mul(hn::Exp(d, hn::Sub(z, vlse)), vA);
+      if (wterm) {
+        V b = veps;
+        if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), vone_m, veps);
+        if (cx.w != nullptr) b = hn::Mul(b, hn::LoadU(d, cx.w + c));
+        t = hn::Sub(t, b);
+      }
+      if constexpr (kCap) {
+        t = hn::Mul(t, hn::Mul(vdscale, hn::NegMulAdd(th, th, vone)));
+      } else {
+        t = hn::Mul(t, vdscale);
+      }
+      StoreAcc(d, t, g + c);
+    }
+  }
+  for (; c < C; ++c) {
+    const Acc xv = ToAcc<Acc>(x[c * xs]);
+    Acc t = std::exp(cx.xf.apply(xv) - lse) * A;
+    if (wterm) {
+      Acc b = eps_c;
+      if constexpr (kSoft) b += one_m * ToAcc<Acc>(pt[c * ts]);
+      if (cx.w != nullptr) b *= cx.w[c];
+      t -= b;
+    }
+    g[c * gs_] = FromAcc<T>(t * gscale * cx.xf.derivative(xv));
+  }
+}
+
+template <class T, class Acc>
+HWY_INLINE void FillRow(T* g, std::int64_t gs_, std::int64_t C, Acc v) {
+  const T t = FromAcc<T>(v);
+  for (std::int64_t c = 0; c < C; ++c) g[c * gs_] = t;
+}
+
+template <bool kCap, bool kSoft, class T, class Acc>
+void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
+  constexpr Acc kNaN = std::numeric_limits<Acc>::quiet_NaN();
+  const std::int64_t C = p.classes;
+  RowCtx<Acc> cx;
+  cx.xf.scale = static_cast<Acc>(p.scale);
+  cx.xf.softcap = static_cast<Acc>(p.softcap);
+  cx.xf.inv_softcap = p.softcap > 0 ? static_cast<Acc>(1.0 / p.softcap) : Acc(0);
+  cx.rp.eps = static_cast<Acc>(p.eps);
+  cx.rp.eps_over_c = static_cast<Acc>(p.eps / static_cast<double>(C));
+  cx.rp.sum_w = static_cast<Acc>(p.sum_w);
+  cx.rp.z_loss_scale = static_cast<Acc>(p.z_loss_scale);
+  cx.w = static_cast<const Acc*>(p.weight);
+  cx.need_wz = p.eps != 0.0;
+
+  const T* logits = static_cast<const T*>(p.logits);
+  T* grad = static_cast<T*>(p.grad);
+  const bool fwd = p.mode != CeMode::backward;
+  const bool bwd = p.mode != CeMode::forward;
+  const bool contiguous = p.x_cstride == 1 && (!kSoft || p.t_cstride == 1);
+
+  for (std::int64_t blk = b0; blk < b1; ++blk) {
+    double block_loss = 0, block_zloss = 0;
+    const std::int64_t r_end = std::min(p.rows, (blk + 1) * p.rows_per_block);
+    for (std::int64_t r = blk * p.rows_per_block; r < r_end; ++r) {
+      const T* x = logits + p.index.offset(core::kLogitsRow, r);
+      const T* pt = nullptr;
+      std::int64_t y = 0;
+      if constexpr (kSoft) {
+        pt = static_cast<const T*>(p.target) + p.index.offset(core::kTargetRow, r);
+      } else {
+        y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+      }
+      const bool ignored = !kSoft && y == p.ignore_index;
+      const Acc w_y = ignored || kSoft ? Acc(0) : (cx.w != nullptr ? cx.w[y] : Acc(1));
+      const Acc x_y = ignored || kSoft ? Acc(0) : ToAcc<Acc>(x[y * p.x_cstride]);  // read before any in-place write
+
+      math::RowSums<Acc> rs{};
+      bool ok = true;
+      if (fwd) {
+        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs)
+                        : RowStatsStrided<kSoft>(x, p.x_cstride, pt, p.t_cstride, C, cx, rs);
+        if (!ok) rs.lse = kNaN;
+        Acc loss = 0, zl = 0;
+        if (!ignored) {
+          if (ok) {
+            loss = kSoft ? math::ce_soft_row_loss(cx.rp, rs) : math::ce_index_row_loss(cx.rp, rs, w_y, cx.xf.apply(x_y));
+            zl = math::z_loss_row(cx.rp, rs.lse);
+            loss += zl;
+          } else {
+            loss = zl = kNaN;  // as PyTorch: NaN or +inf logits, or a row of only -inf, make the loss NaN
+          }
+        }
+        if (p.lse_rows != nullptr) static_cast<Acc*>(p.lse_rows)[r] = rs.lse;
+        if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
+        if (p.zloss_rows != nullptr) static_cast<Acc*>(p.zloss_rows)[r] = zl;
+        block_loss += static_cast<double>(loss);
+        block_zloss += static_cast<double>(zl);
+      } else {
+        rs.lse = static_cast<const Acc*>(p.lse_in)[r];
+        ok = !std::isnan(rs.lse);
+        if (kSoft && ok) rs.sum_wp = RowSumWp<T, Acc>(pt, p.t_cstride, C, cx.w);
+      }
+      if (!bwd) continue;
+
+      T* g = grad + p.index.offset(core::kGradRow, r);
+      if (!ok) {
+        // PyTorch's log_softmax backward gives NaN on such a row, even when its target is ignored.
+        FillRow<T>(g, p.g_cstride, C, kNaN);
+        continue;
+      }
+      if (ignored) {
+        FillRow<T>(g, p.g_cstride, C, Acc(0));  // ignored rows get no gradient
+        continue;
+      }
+      Acc gscale = static_cast<Acc>(p.grad_scale);
+      if (p.grad_loss != nullptr) {
+        gscale = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
+                                  p.grad_scale);
+      }
+      if constexpr (kSoft) {
+        const Acc A = math::ce_soft_grad_a(cx.rp, rs);
+        RowGrad<kCap, true>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+      } else {
+        const Acc A = math::ce_index_grad_a(cx.rp, rs.lse, w_y);
+        RowGrad<kCap, false>(x, p.x_cstride, pt, 0, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+        // The target's own term, computed from the saved logit so in-place and separate agree bitwise.
+        const Acc q_y = std::exp(cx.xf.apply(x_y) - rs.lse);
+        const Acc b_y = cx.rp.eps_over_c * w_y + (Acc(1) - cx.rp.eps) * w_y;
+        g[y * p.g_cstride] = FromAcc<T>((q_y * A - b_y) * gscale * cx.xf.derivative(x_y));
+      }
+    }
+    if (p.block_loss != nullptr) {
+      p.block_loss[blk] = block_loss;
+      p.block_zloss[blk] = block_zloss;
+    }
+  }
+}
+
+// The one switch point: runtime dtype and flags become template parameters.
+template <class T, class Acc>
+void BlocksFor(const CeParams& p, std::int64_t b0, std::int64_t b1) {
+  const bool cap = p.softcap > 0;
+  if (p.soft) {
+    cap ? Blocks<true, true, T, Acc>(p, b0, b1) : Blocks<false, true, T, Acc>(p, b0, b1);
+  } else {
+    cap ? Blocks<true, false, T, Acc>(p, b0, b1) : Blocks<false, false, T, Acc>(p, b0, b1);
+  }
+}
+
+void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
+  switch (p.dtype) {
+    case DType::f32: return BlocksFor<float, float>(p, b0, b1);
+    case DType::f64: return BlocksFor<double, double>(p, b0, b1);
+    case DType::bf16: return BlocksFor<hwy::bfloat16_t, float>(p, b0, b1);
+    case DType::f16: return BlocksFor<hwy::float16_t, float>(p, b0, b1);
+    default: return;
+  }
+}
+
+}  // namespace lossfuse::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "cpu/kernels.hpp"
+#include "lossfuse/parallel.hpp"
+
+namespace lossfuse::cpu {
+
+HWY_EXPORT(CrossEntropyBlocks);
+
+void cross_entropy_rows(const core::CeParams& p) {
+  const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
+  // about 64K elements of work per task
+  const std::int64_t grain = std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, p.classes * p.rows_per_block));
+  parallel_for(0, blocks, grain, [&p](std::int64_t b0, std::int64_t b1) {
+    HWY_DYNAMIC_DISPATCH(CrossEntropyBlocks)(p, b0, b1);
+  });
+}
+
+}  // namespace lossfuse::cpu
+#endif  // HWY_ONCE

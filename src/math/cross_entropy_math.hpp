@@ -1,0 +1,99 @@
+// lossfuse math: per-row cross-entropy value and gradient coefficients, shared by every backend.
+//
+// The kernels reduce a row of z (logits after scale and soft-cap) to a few sums taken relative to the row
+// maximum M, so no sum cancels catastrophically when the logits carry a large common offset:
+//   lse               = log sum_c exp(z_c)
+//   sum_w             = sum_c w_c                  (C when unweighted)
+//   sum_wz            = sum_c w_c (z_c - M)        (label smoothing only)
+//   soft: sum_wp      = sum_c w_c p_c,  sum_wpz = sum_c w_c p_c (z_c - M)
+// The loss of a row (see include/lossfuse/cross_entropy.hpp for the definition) is then
+//   index target: (1-eps) w_y (lse - z_y) + (eps/C) (sum_w (lse - M) - sum_wz) + zls lse^2
+//   soft target:  (lse - M) sum_wp' - sum_wpz' + zls lse^2,
+//                 sum_wp' = (1-eps) sum_wp + (eps/C) sum_w,  sum_wpz' = (1-eps) sum_wpz + (eps/C) sum_wz
+// and the gradient with respect to z_c, for an upstream gradient g, is
+//   g (q_c A - w_c b_c),  q_c = exp(z_c - lse),
+//   index: A = (1-eps) w_y + (eps/C) sum_w + 2 zls lse, b_c = eps/C + (1-eps) [c == y] w_y / w_c
+//   soft:  A = sum_wp' + 2 zls lse,                     b_c = (1-eps) p_c + eps/C
+// Valid range: finite z and lse. Rows with NaN or +inf in z, or only -inf, have lse = NaN (as PyTorch's
+// log_softmax gives) and are handled by the kernels: loss NaN unless ignored, gradient NaN.
+#pragma once
+
+#include <cmath>
+
+#include "math/host_device.hpp"
+
+namespace lossfuse::math {
+
+// z from a raw logit x: z = scale * x, then softcap * tanh(z / softcap) when softcap > 0.
+template <class Acc>
+struct LogitTransform {
+  Acc scale = 1;
+  Acc softcap = 0;  // 0: off
+  Acc inv_softcap = 0;
+
+  LF_HOST_DEVICE Acc apply(Acc x) const {
+    const Acc z = x * scale;
+    return softcap > 0 ? softcap * std::tanh(z * inv_softcap) : z;
+  }
+  // dz/dx at x
+  LF_HOST_DEVICE Acc derivative(Acc x) const {
+    if (!(softcap > 0)) return scale;
+    const Acc t = std::tanh(x * scale * inv_softcap);
+    return scale * (Acc(1) - t * t);
+  }
+};
+
+template <class Acc>
+struct RowSums {
+  Acc m;       // row max of z
+  Acc lse;     // log-sum-exp of z
+  Acc sum_wz;  // sum w_c (z_c - m); 0 unless needed
+  Acc sum_wp;  // soft targets: sum w_c p_c
+  Acc sum_wpz; // soft targets: sum w_c p_c (z_c - m)
+};
+
+template <class Acc>
+struct CeRowParams {
+  Acc eps = 0;           // label smoothing
+  Acc eps_over_c = 0;    // eps / C
+  Acc sum_w = 0;         // sum of all class weights (C when unweighted)
+  Acc z_loss_scale = 0;
+};
+
+// Cross-entropy part of an index-target row; w_y is the weight of the target class, z_y its z.
+template <class Acc>
+LF_HOST_DEVICE Acc ce_index_row_loss(const CeRowParams<Acc>& p, const RowSums<Acc>& r, Acc w_y, Acc z_y) {
+  Acc loss = (Acc(1) - p.eps) * w_y * (r.lse - z_y);
+  if (p.eps != Acc(0)) loss += p.eps_over_c * (p.sum_w * (r.lse - r.m) - r.sum_wz);
+  return loss;
+}
+
+template <class Acc>
+LF_HOST_DEVICE Acc ce_soft_row_loss(const CeRowParams<Acc>& p, const RowSums<Acc>& r) {
+  const Acc one_m = Acc(1) - p.eps;
+  Acc wp = one_m * r.sum_wp;
+  Acc wpz = one_m * r.sum_wpz;
+  if (p.eps != Acc(0)) {
+    wp += p.eps_over_c * p.sum_w;
+    wpz += p.eps_over_c * r.sum_wz;
+  }
+  return (r.lse - r.m) * wp - wpz;
+}
+
+template <class Acc>
+LF_HOST_DEVICE Acc z_loss_row(const CeRowParams<Acc>& p, Acc lse) {
+  return p.z_loss_scale * lse * lse;
+}
+
+// A in the gradient formula above.
+template <class Acc>
+LF_HOST_DEVICE Acc ce_index_grad_a(const CeRowParams<Acc>& p, Acc lse, Acc w_y) {
+  return (Acc(1) - p.eps) * w_y + p.eps_over_c * p.sum_w + Acc(2) * p.z_loss_scale * lse;
+}
+
+template <class Acc>
+LF_HOST_DEVICE Acc ce_soft_grad_a(const CeRowParams<Acc>& p, const RowSums<Acc>& r) {
+  return (Acc(1) - p.eps) * r.sum_wp + p.eps_over_c * p.sum_w + Acc(2) * p.z_loss_scale * r.lse;
+}
+
+}  // namespace lossfuse::math
