@@ -25,6 +25,7 @@
 
 #include "core/cross_entropy_params.hpp"
 #include "core/targets.hpp"
+#include "cpu/hwy_exp-inl.h"
 #include "cpu/hwy_io-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -83,18 +84,16 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t len = std::min(kC, C - c0);
     V vmax = hn::Set(d, -kInf);
-    V vnan = hn::Zero(d);
     std::int64_t i = 0;
     for (; i + N <= len; i += N) {
       V th;
       const V z = Transform<kCap>(d, LoadAcc(d, x + c0 + i), cx.xf, &th);
       hn::Store(z, d, zbuf + i);
       vmax = hn::Max(vmax, z);
-      vnan = hn::Or(vnan, hn::VecFromMask(d, hn::Ne(z, z)));
       if constexpr (kSoft) hn::Store(LoadAcc(d, pt + c0 + i), d, pbuf + i);
     }
     Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    bool bad = !hn::AllFalse(d, hn::MaskFromVec(vnan));
+    bool bad = false;  // a NaN in the vector part shows up as a NaN exp sum below
     for (; i < len; ++i) {
       const Acc z = cx.xf.apply(ToAcc<Acc>(x[c0 + i]));
       zbuf[i] = z;
@@ -115,7 +114,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
     V vs = hn::Zero(d);
     for (i = 0; i < padded; i += N) {
       const V z = hn::Load(d, zbuf + i);
-      vs = hn::Add(vs, hn::Exp(d, hn::Sub(z, vm)));
+      vs = hn::Add(vs, FastExp(d, hn::Sub(z, vm)));
       if (sums) {
         V zr = hn::Sub(z, vref);
         if (i + N > len) zr = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(len - i)), zr);
@@ -128,7 +127,9 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
         }
       }
     }
-    st = math::lse_combine(st, {m, hn::GetLane(hn::SumOfLanes(d, vs))});
+    const Acc chunk_sum = hn::GetLane(hn::SumOfLanes(d, vs));
+    if (std::isnan(chunk_sum)) return false;
+    st = math::lse_combine(st, {m, chunk_sum});
   }
   if (st.m == -kInf) return false;
   rs.m = ref;
@@ -195,7 +196,7 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
       V th;
       const V xv = LoadAcc(d, x + c);
       const V z = Transform<kCap>(d, xv, cx.xf, &th);
-      V t = hn::Mul(hn::Exp(d, hn::Sub(z, vlse)), vA);
+      V t = hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA);
       if (wterm) {
         V b = veps;
         if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), vone_m, veps);

@@ -8,22 +8,27 @@
 #pragma once
 
 #include <cmath>
-#include <limits>
 
 #include "math/host_device.hpp"
 
 namespace lossfuse::math {
 
+// -inf of Acc, usable in device code (std::numeric_limits is host-only under nvcc).
+template <class Acc>
+LF_HOST_DEVICE Acc neg_inf() {
+  return static_cast<Acc>(-INFINITY);
+}
+
 template <class Acc>
 struct LseState {
-  Acc m = -std::numeric_limits<Acc>::infinity();
+  Acc m = static_cast<Acc>(-INFINITY);
   Acc s = 0;
 };
 
 template <class Acc>
 LF_HOST_DEVICE LseState<Acc> lse_combine(LseState<Acc> a, LseState<Acc> b) {
-  if (b.m == -std::numeric_limits<Acc>::infinity()) return a;  // b holds nothing (or only -inf)
-  if (a.m == -std::numeric_limits<Acc>::infinity()) return b;
+  if (b.m == neg_inf<Acc>()) return a;  // b holds nothing (or only -inf)
+  if (a.m == neg_inf<Acc>()) return b;
   if (a.m >= b.m) return {a.m, a.s + b.s * std::exp(b.m - a.m)};
   return {b.m, b.s + a.s * std::exp(a.m - b.m)};
 }
