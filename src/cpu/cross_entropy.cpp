@@ -350,6 +350,19 @@ void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   }
 }
 
+void FastExpArray(const float* x, float* y, std::int64_t n) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(FastExp(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN float buf[hn::MaxLanes(d)] = {};
+    for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    hn::Store(FastExp(d, hn::Load(d, buf)), d, buf);
+    for (std::int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+  }
+}
+
 }  // namespace lossfuse::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -360,6 +373,9 @@ HWY_AFTER_NAMESPACE();
 namespace lossfuse::cpu {
 
 HWY_EXPORT(CrossEntropyBlocks);
+HWY_EXPORT(FastExpArray);
+
+void fast_exp(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
 
 void cross_entropy_rows(const core::CeParams& p) {
   const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
