@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/cross_entropy_params.hpp"
 #include "core/targets.hpp"
@@ -66,9 +67,11 @@ HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, 
 
 // Forward statistics of one contiguous row. Returns false for a non-finite row (NaN or +inf in z, or only
 // -inf), whose lse is NaN.
+// With `e` set (the fused path), also keeps e_c = exp(z_c - m_k) for the whole row and each chunk's max m_k in
+// `chunk_max`, so the gradient pass needs one multiply per element instead of a transform and an exp.
 template <bool kCap, bool kSoft, class T, class Acc>
 HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, std::int64_t C, const RowCtx<Acc>& cx,
-                           math::RowSums<Acc>& rs) {
+                           math::RowSums<Acc>& rs, Acc* HWY_RESTRICT e, Acc* HWY_RESTRICT chunk_max) {
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -112,9 +115,12 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
     const V vm = hn::Set(d, m > -kInf ? m : Acc(0));
     const V vref = hn::Set(d, ref);
     V vs = hn::Zero(d);
+    if (e != nullptr) chunk_max[c0 / kC] = m;
     for (i = 0; i < padded; i += N) {
       const V z = hn::Load(d, zbuf + i);
-      vs = hn::Add(vs, FastExp(d, hn::Sub(z, vm)));
+      const V ez = FastExp(d, hn::Sub(z, vm));
+      vs = hn::Add(vs, ez);
+      if (e != nullptr) hn::StoreU(ez, d, e + c0 + i);  // e has room for the padding
       if (sums) {
         V zr = hn::Sub(z, vref);
         if (i + N > len) zr = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(len - i)), zr);
@@ -224,6 +230,55 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
   }
 }
 
+// The fused gradient of a contiguous row from the e_c and chunk maxima RowStats kept:
+// q_c = e_c exp(m_k - lse), then as RowGrad. x is read only for the softcap derivative.
+template <bool kCap, bool kSoft, class T, class Acc>
+HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, const T* x, const T* pt, T* g,
+                               std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+  const hn::ScalableTag<Acc> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr std::int64_t kC = kChunk<Acc>;
+  const Acc eps_c = cx.rp.eps_over_c;
+  const bool wterm = kSoft || eps_c != Acc(0);
+  const Acc gs = cx.xf.scale * gscale;
+  const V vgs = hn::Set(d, gs), veps = hn::Set(d, eps_c), vone_m = hn::Set(d, Acc(1) - cx.rp.eps);
+  const V vone = hn::Set(d, Acc(1));
+  for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
+    const std::int64_t end = std::min(C, c0 + kC);
+    const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
+    const V vfa = hn::Set(d, fa);
+    std::int64_t c = c0;
+    for (; c + N <= end; c += N) {
+      V t = hn::Mul(hn::LoadU(d, e + c), vfa);
+      if (wterm) {
+        V b = veps;
+        if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), vone_m, veps);
+        if (cx.w != nullptr) b = hn::Mul(b, hn::LoadU(d, cx.w + c));
+        t = hn::Sub(t, b);
+      }
+      if constexpr (kCap) {
+        V th;
+        (void)Transform<true>(d, LoadAcc(d, x + c), cx.xf, &th);
+        t = hn::Mul(t, hn::Mul(vgs, hn::NegMulAdd(th, th, vone)));
+      } else {
+        t = hn::Mul(t, vgs);
+      }
+      StoreAcc(d, t, g + c);
+    }
+    for (; c < end; ++c) {
+      Acc t = e[c] * fa;
+      if (wterm) {
+        Acc b = eps_c;
+        if constexpr (kSoft) b += (Acc(1) - cx.rp.eps) * ToAcc<Acc>(pt[c]);
+        if (cx.w != nullptr) b *= cx.w[c];
+        t -= b;
+      }
+      g[c] = FromAcc<T>(t * gscale * cx.xf.derivative(ToAcc<Acc>(x[c])));
+    }
+  }
+}
+
 template <class T, class Acc>
 HWY_INLINE void FillRow(T* g, std::int64_t gs_, std::int64_t C, Acc v) {
   const T t = FromAcc<T>(v);
@@ -250,6 +305,22 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   const bool fwd = p.mode != CeMode::backward;
   const bool bwd = p.mode != CeMode::forward;
   const bool contiguous = p.x_cstride == 1 && (!kSoft || p.t_cstride == 1);
+  // Fused contiguous rows keep exp(z - chunk max) in a per-thread row buffer (O(C) per thread, reused across
+  // calls). If it cannot be allocated the gradient pass recomputes the exps instead: kernels never throw.
+  Acc* ebuf = nullptr;
+  Acc* chunk_max = nullptr;
+  if (fwd && bwd && contiguous && p.g_cstride == 1) {
+    thread_local std::vector<Acc> row_buffer;
+    const std::size_t chunks = static_cast<std::size_t>((C + kChunk<Acc> - 1) / kChunk<Acc>);
+    const std::size_t need = static_cast<std::size_t>(C) + 64 + chunks;
+    try {
+      if (row_buffer.size() < need) row_buffer.resize(need);
+      ebuf = row_buffer.data();
+      chunk_max = ebuf + C + 64;
+    } catch (...) {
+      ebuf = nullptr;
+    }
+  }
 
   for (std::int64_t blk = b0; blk < b1; ++blk) {
     double block_loss = 0, block_zloss = 0;
@@ -270,7 +341,7 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       math::RowSums<Acc> rs{};
       bool ok = true;
       if (fwd) {
-        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs)
+        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs, ebuf, chunk_max)
                         : RowStatsStrided<kSoft>(x, p.x_cstride, pt, p.t_cstride, C, cx, rs);
         if (!ok) rs.lse = kNaN;
         Acc loss = 0, zl = 0;
@@ -310,12 +381,13 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
         gscale = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
                                   p.grad_scale);
       }
-      if constexpr (kSoft) {
-        const Acc A = math::ce_soft_grad_a(cx.rp, rs);
-        RowGrad<kCap, true>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+      const Acc A = kSoft ? math::ce_soft_grad_a(cx.rp, rs) : math::ce_index_grad_a(cx.rp, rs.lse, w_y);
+      if (ebuf != nullptr) {
+        RowGradFromE<kCap, kSoft>(ebuf, chunk_max, x, pt, g, C, cx, rs.lse, gscale, A);
       } else {
-        const Acc A = math::ce_index_grad_a(cx.rp, rs.lse, w_y);
-        RowGrad<kCap, false>(x, p.x_cstride, pt, 0, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+        RowGrad<kCap, kSoft>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+      }
+      if constexpr (!kSoft) {
         // The target's own term, computed from the saved logit so in-place and separate agree bitwise.
         const Acc q_y = std::exp(cx.xf.apply(x_y) - rs.lse);
         const Acc b_y = cx.rp.eps_over_c * w_y + (Acc(1) - cx.rp.eps) * w_y;
