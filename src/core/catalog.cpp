@@ -3,12 +3,13 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 
 namespace lossfuse {
 namespace {
 
-constexpr std::size_t kCeEntries = 4 * 3;
-constexpr std::size_t kNllEntries = 4 * 2;
+constexpr std::size_t kCeEntries = std::size(kFloatDTypes) * 3;
+constexpr std::size_t kNllEntries = std::size(kFloatDTypes) * 2;
 
 constexpr std::array<OpEntry, kCeEntries + kNllEntries> make_entries() {
   std::array<OpEntry, kCeEntries + kNllEntries> e{};

@@ -47,8 +47,8 @@ template <class Acc>
 struct RowCtx {
   math::LogitTransform<Acc> xf;
   math::CeRowParams<Acc> rp;
-  const Acc* w;  // padded class weights or nullptr
-  bool need_wz;  // label smoothing: the sum of w (z - ref) is needed
+  const Acc* w = nullptr;  // padded class weights or nullptr
+  bool need_wz = false;  // label smoothing: the sum of w (z - ref) is needed
 };
 
 // z = T(x); with softcap also returns th = tanh(scale x / softcap) for the derivative. NaN stays NaN.

@@ -93,7 +93,7 @@ HWY_INLINE T FromAcc(Acc v) {
   } else {
     const uint16_t b = std::is_same_v<T, hwy::bfloat16_t> ? lossfuse::math::float_to_bf16(static_cast<float>(v))
                                                          : lossfuse::math::float_to_f16(static_cast<float>(v));
-    T t;
+    T t{};
     std::memcpy(&t, &b, 2);
     return t;
   }
