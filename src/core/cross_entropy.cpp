@@ -103,14 +103,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   p.ignore_index = o.ignore_index;
   p.lse_in = lse_in != nullptr ? lse_in->data : nullptr;
 
-  if (grad != nullptr) {
-    if (o.reduction == Reduction::none) {
-      p.grad_loss = grad_loss ? grad_loss->data : nullptr;
-    } else {
-      p.grad_scale = grad_loss ? core::read_scalar(*grad_loss) : 1.0;
-      if (o.reduction == Reduction::mean) p.grad_scale /= denominator;
-    }
-  }
+  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, denominator);
 
   std::vector<double> block_loss, block_zloss;
   if (out != nullptr) {

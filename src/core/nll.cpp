@@ -50,14 +50,7 @@ void run(core::CeMode mode, const TensorView& input, const TensorView& target, c
       p.block_loss = blocks.data();
     }
   }
-  if (grad != nullptr) {
-    if (o.reduction == Reduction::none) {
-      p.grad_loss = grad_loss ? grad_loss->data : nullptr;
-    } else {
-      p.grad_scale = grad_loss ? core::read_scalar(*grad_loss) : 1.0;
-      if (o.reduction == Reduction::mean) p.grad_scale /= denominator;
-    }
-  }
+  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, denominator);
   cpu::nll_rows(p);
   if (loss != nullptr && o.reduction != Reduction::none) core::write_reduced(*loss, blocks, o.reduction, denominator);
 }

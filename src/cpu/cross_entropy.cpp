@@ -182,56 +182,77 @@ HWY_NOINLINE Acc RowSumWp(const T* pt, std::int64_t ts, std::int64_t C, const Ac
   return s;
 }
 
-// Gradient of one row: g_c = gs * dz_c/dx_c * (q_c A - w_c b_c), q_c = exp(z_c - lse),
-// b_c = soft ? (1 - eps) p_c + eps / C : eps / C (the index target's own term is added by the caller).
+// The per-row constants of the gradient pass.
+template <class D>
+struct GradConsts {
+  hn::Vec<D> eps_c, one_m_eps, gs, one;  // eps/C, 1 - eps, upstream gradient * logit_scale, 1
+  bool wterm;                           // the w_c b_c term is present (soft targets or smoothing)
+};
+
+template <bool kSoft, class D, class Acc>
+HWY_INLINE GradConsts<D> MakeGradConsts(D d, const RowCtx<Acc>& cx, Acc gscale) {
+  return {hn::Set(d, cx.rp.eps_over_c), hn::Set(d, Acc(1) - cx.rp.eps), hn::Set(d, cx.xf.scale * gscale),
+          hn::Set(d, Acc(1)), kSoft || cx.rp.eps_over_c != Acc(0)};
+}
+
+// Given t = q_c A for classes [c, c + lanes): g = gs dz/dx (t - w_c b_c), b_c = soft ? (1 - eps) p_c + eps/C
+// : eps/C (an index target's own term is added by the caller); th = tanh(.) of the softcap.
+template <bool kCap, bool kSoft, class D, class T, class Acc>
+HWY_INLINE void GradStore(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, const T* pt, T* g,
+                          const RowCtx<Acc>& cx, const GradConsts<D>& k) {
+  if (k.wterm) {
+    auto b = k.eps_c;
+    if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), k.one_m_eps, k.eps_c);
+    if (cx.w != nullptr) b = hn::Mul(b, hn::LoadU(d, cx.w + c));
+    t = hn::Sub(t, b);
+  }
+  if constexpr (kCap) {
+    t = hn::Mul(t, hn::Mul(k.gs, hn::NegMulAdd(th, th, k.one)));
+  } else {
+    (void)th;
+    t = hn::Mul(t, k.gs);
+  }
+  StoreAcc(d, t, g + c);
+}
+
+// The scalar form of GradStore for one class, strides xs / ts along the classes.
+template <bool kSoft, class T, class Acc>
+HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_t c, const RowCtx<Acc>& cx,
+                        Acc gscale) {
+  if (kSoft || cx.rp.eps_over_c != Acc(0)) {
+    Acc b = cx.rp.eps_over_c;
+    if constexpr (kSoft) b += (Acc(1) - cx.rp.eps) * ToAcc<Acc>(pt[c * ts]);
+    if (cx.w != nullptr) b *= cx.w[c];
+    t -= b;
+  }
+  return FromAcc<T>(t * gscale * cx.xf.derivative(xv));
+}
+
+// Gradient of one row from the saved lse: q_c = exp(z_c - lse), then GradStore.
 template <bool kCap, bool kSoft, class T, class Acc>
 HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,
                           std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
-  const Acc eps_c = cx.rp.eps_over_c;
-  const Acc one_m = Acc(1) - cx.rp.eps;
-  const bool wterm = kSoft || eps_c != Acc(0);
   std::int64_t c = 0;
   if (xs == 1 && gs_ == 1 && (!kSoft || ts == 1)) {
     const hn::ScalableTag<Acc> d;
     using V = hn::Vec<decltype(d)>;
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+    const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
     const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
-    const V veps = hn::Set(d, eps_c), vone_m = hn::Set(d, one_m);
-    const V vdscale = hn::Set(d, cx.xf.scale * gscale), vone = hn::Set(d, Acc(1));
     for (; c + N <= C; c += N) {
-      V th;
-      const V xv = LoadAcc(d, x + c);
-      const V z = Transform<kCap>(d, xv, cx.xf, &th);
-      V t = hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA);
-      if (wterm) {
-        V b = veps;
-        if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), vone_m, veps);
-        if (cx.w != nullptr) b = hn::Mul(b, hn::LoadU(d, cx.w + c));
-        t = hn::Sub(t, b);
-      }
-      if constexpr (kCap) {
-        t = hn::Mul(t, hn::Mul(vdscale, hn::NegMulAdd(th, th, vone)));
-      } else {
-        t = hn::Mul(t, vdscale);
-      }
-      StoreAcc(d, t, g + c);
+      V th = k.one;
+      const V z = Transform<kCap>(d, LoadAcc(d, x + c), cx.xf, &th);
+      GradStore<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA), th, c, pt, g, cx, k);
     }
   }
   for (; c < C; ++c) {
     const Acc xv = ToAcc<Acc>(x[c * xs]);
-    Acc t = std::exp(cx.xf.apply(xv) - lse) * A;
-    if (wterm) {
-      Acc b = eps_c;
-      if constexpr (kSoft) b += one_m * ToAcc<Acc>(pt[c * ts]);
-      if (cx.w != nullptr) b *= cx.w[c];
-      t -= b;
-    }
-    g[c * gs_] = FromAcc<T>(t * gscale * cx.xf.derivative(xv));
+    g[c * gs_] = GradScalar<kSoft, T>(std::exp(cx.xf.apply(xv) - lse) * A, xv, pt, ts, c, cx, gscale);
   }
 }
 
 // The fused gradient of a contiguous row from the e_c and chunk maxima RowStats kept:
-// q_c = e_c exp(m_k - lse), then as RowGrad. x is read only for the softcap derivative.
+// q_c = e_c exp(m_k - lse), then GradStore. x is read only for the softcap derivative.
 template <bool kCap, bool kSoft, class T, class Acc>
 HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, const T* x, const T* pt, T* g,
                                std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
@@ -239,43 +260,18 @@ HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, 
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr std::int64_t kC = kChunk<Acc>;
-  const Acc eps_c = cx.rp.eps_over_c;
-  const bool wterm = kSoft || eps_c != Acc(0);
-  const Acc gs = cx.xf.scale * gscale;
-  const V vgs = hn::Set(d, gs), veps = hn::Set(d, eps_c), vone_m = hn::Set(d, Acc(1) - cx.rp.eps);
-  const V vone = hn::Set(d, Acc(1));
+  const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t end = std::min(C, c0 + kC);
     const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
     const V vfa = hn::Set(d, fa);
     std::int64_t c = c0;
     for (; c + N <= end; c += N) {
-      V t = hn::Mul(hn::LoadU(d, e + c), vfa);
-      if (wterm) {
-        V b = veps;
-        if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), vone_m, veps);
-        if (cx.w != nullptr) b = hn::Mul(b, hn::LoadU(d, cx.w + c));
-        t = hn::Sub(t, b);
-      }
-      if constexpr (kCap) {
-        V th;
-        (void)Transform<true>(d, LoadAcc(d, x + c), cx.xf, &th);
-        t = hn::Mul(t, hn::Mul(vgs, hn::NegMulAdd(th, th, vone)));
-      } else {
-        t = hn::Mul(t, vgs);
-      }
-      StoreAcc(d, t, g + c);
+      V th = k.one;
+      if constexpr (kCap) (void)Transform<true>(d, LoadAcc(d, x + c), cx.xf, &th);
+      GradStore<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + c), vfa), th, c, pt, g, cx, k);
     }
-    for (; c < end; ++c) {
-      Acc t = e[c] * fa;
-      if (wterm) {
-        Acc b = eps_c;
-        if constexpr (kSoft) b += (Acc(1) - cx.rp.eps) * ToAcc<Acc>(pt[c]);
-        if (cx.w != nullptr) b *= cx.w[c];
-        t -= b;
-      }
-      g[c] = FromAcc<T>(t * gscale * cx.xf.derivative(ToAcc<Acc>(x[c])));
-    }
+    for (; c < end; ++c) g[c] = GradScalar<kSoft, T>(e[c] * fa, ToAcc<Acc>(x[c]), pt, 1, c, cx, gscale);
   }
 }
 
