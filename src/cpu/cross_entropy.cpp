@@ -60,7 +60,7 @@ HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, 
     return z;
   } else {
     const V t = hn::Tanh(d, hn::Mul(z, hn::Set(d, xf.inv_softcap)));
-    *th = hn::IfThenElse(hn::Ne(z, z), z, t);
+    *th = hn::IfThenElse(hn::IsNaN(z), z, t);
     return hn::Mul(*th, hn::Set(d, xf.softcap));
   }
 }

@@ -5,7 +5,7 @@
 // Valid range: x <= 88.3 (the kernels call it on z - max or z - lse, which are <= ~0). Below -87.3 the result
 // is exactly 0 (true value < 1.2e-38, lost against the >= 1 sums it joins); -inf gives 0; NaN gives NaN.
 // Max error: 2 ulp over [-87.3, 88.3] (swept by tests/cpu/exp_test.cpp).
-// float64: hwy::Exp (1 ulp over [-DBL_MAX, 706]).
+// float64: hwy::Exp (1 ulp over [-DBL_MAX, 706]), with NaN kept NaN.
 
 #if defined(LOSSFUSE_CPU_HWY_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef LOSSFUSE_CPU_HWY_EXP_INL_H_
@@ -24,7 +24,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
-    return hn::Exp(d, x);
+    // hwy::Exp maps NaN to 0. (Highway's Ne is an ordered compare on AVX-512: use IsNaN.)
+    return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
   } else {
     const hn::RebindToSigned<D> di;
     const auto kMagic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer

@@ -1,0 +1,251 @@
+// lossfuse tests: building cross-entropy problems and checking every entry point against the reference.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace lftest::ce {
+
+using lossfuse::CrossEntropyOptions;
+using lossfuse::CrossEntropyOutputs;
+using lossfuse::GradWrite;
+
+enum class Up { absent, scalar, per_row };
+
+struct Spec {
+  std::string name;
+  DType dt = DType::f32;   // logits
+  DType tdt = DType::i64;  // index targets
+  std::optional<DType> wdt;  // weight dtype (default: the logits' dtype)
+  std::vector<std::int64_t> shape{6, 31};
+  Layout layout = Layout::contiguous;
+  Layout grad_layout = Layout::contiguous;
+  bool soft = false;
+  bool soft_unnormalized = false;
+  Reduction red = Reduction::mean;
+  bool weight = false;
+  std::int64_t ignore_index = -100;
+  double ignore_frac = 0;  // fraction of rows whose target is ignore_index
+  double eps = 0, scale = 1, cap = 0, zs = 0;
+  Up up = Up::absent;
+  double up_scalar = 0.37;
+  double stdev = 2.0;
+  std::uint64_t seed = 1;
+  // Edits the generated (rows, C) logits and targets before they are stored (adversarial values).
+  std::function<void(Rng&, std::int64_t R, std::int64_t C, std::vector<double>& x, std::vector<std::int64_t>& t)>
+      edit;
+  bool with_lse = true, with_z = true;
+};
+
+inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.name; }
+
+struct Problem {
+  Spec s;
+  std::int64_t R = 0, C = 0;
+  std::vector<std::int64_t> rshape;
+  Tensor logits, target;
+  std::optional<Tensor> weight, grad_loss;
+  lfref::CeInput in;
+  lfref::CeResult ref;
+
+  [[nodiscard]] CrossEntropyOptions options() const {
+    CrossEntropyOptions o;
+    o.reduction = s.red;
+    o.ignore_index = s.ignore_index;
+    o.label_smoothing = s.eps;
+    if (weight) o.weight = weight->view;
+    o.logit_scale = s.scale;
+    o.softcap = s.cap;
+    o.z_loss_scale = s.zs;
+    return o;
+  }
+  [[nodiscard]] std::optional<TensorView> up() const {
+    if (grad_loss) return grad_loss->view;
+    return std::nullopt;
+  }
+  [[nodiscard]] DType acc() const { return acc_dtype(s.dt); }
+  [[nodiscard]] std::vector<std::int64_t> loss_shape() const {
+    return s.red == Reduction::none ? rshape : std::vector<std::int64_t>{};
+  }
+  [[nodiscard]] Tensor new_loss() const { return Tensor::make(acc(), loss_shape(), Layout::contiguous, kSentinel); }
+  [[nodiscard]] Tensor new_lse() const { return Tensor::make(acc(), rshape, Layout::contiguous, kSentinel); }
+  [[nodiscard]] Tensor new_grad(Layout l) const { return Tensor::make(s.dt, logits.shape, l, kSentinel); }
+};
+
+inline Problem build(const Spec& s) {
+  Problem p;
+  p.s = s;
+  const std::vector<std::int64_t>& shape = s.shape;
+  p.C = shape[class_dim(shape)];
+  p.rshape = row_shape(shape);
+  p.R = prod(p.rshape);
+  const std::int64_t R = p.R, C = p.C;
+  Rng rng(s.seed * 7919 + static_cast<std::uint64_t>(C) * 31 + static_cast<std::uint64_t>(R));
+
+  std::vector<double> x(static_cast<std::size_t>(R * C));
+  for (auto& v : x) v = s.stdev * rng.normal();
+  std::vector<std::int64_t> t(static_cast<std::size_t>(R));
+  for (auto& v : t) v = rng.uniform() < s.ignore_frac ? s.ignore_index : rng.index(C);
+  if (s.edit) s.edit(rng, R, C, x, t);
+
+  p.logits = Tensor::make(s.dt, shape, s.layout, kSentinel);
+  scatter_rows(p.logits, x);
+  p.in.x = gather_rows(p.logits);  // the stored (rounded) values
+  p.in.rows = R;
+  p.in.C = C;
+
+  if (s.soft) {
+    p.target = Tensor::make(s.dt, shape, Layout::contiguous);
+    std::vector<double> q(static_cast<std::size_t>(R * C));
+    for (std::int64_t r = 0; r < R; ++r) {
+      double sum = 0;
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double a = rng.uniform();
+        q[r * C + c] = a * a * a;
+        sum += q[r * C + c];
+      }
+      if (!s.soft_unnormalized)
+        for (std::int64_t c = 0; c < C; ++c) q[r * C + c] /= sum;
+    }
+    scatter_rows(p.target, q);
+    p.in.soft = gather_rows(p.target);
+  } else {
+    p.target = Tensor::make(s.tdt, p.rshape);
+    for (std::int64_t r = 0; r < R; ++r) p.target.set_int(r, t[r]);
+    for (std::int64_t r = 0; r < R; ++r) p.in.target.push_back(p.target.get_int(r));
+  }
+  if (s.weight) {
+    p.weight = Tensor::make(s.wdt.value_or(s.dt), {C});
+    // bfloat16-exact values, so every weight dtype holds them exactly
+    for (std::int64_t c = 0; c < C; ++c) p.weight->set(c, lfref::round_to(rng.uniform(0.25, 2.0), lfref::kBF16));
+    p.in.weight = p.weight->values();
+  }
+  if (s.up == Up::per_row) {
+    p.grad_loss = Tensor::make(p.acc(), p.rshape);
+    for (std::int64_t r = 0; r < R; ++r) p.grad_loss->set(r, lfref::round_to(rng.uniform(-2.0, 2.0), lfref::kBF16));
+    p.in.grad_loss = p.grad_loss->values();
+    if (p.in.grad_loss.size() == 1) p.in.grad_loss.push_back(p.in.grad_loss[0]);  // keep "per row" for R == 1
+  } else if (s.up == Up::scalar) {
+    p.grad_loss = scalar_tensor(p.acc(), s.up_scalar);
+    p.in.grad_loss = {p.grad_loss->get(0)};
+  }
+  p.in.reduction = s.red;
+  p.in.ignore_index = s.ignore_index;
+  p.in.label_smoothing = s.eps;
+  p.in.logit_scale = s.scale;
+  p.in.softcap = s.cap;
+  p.in.z_loss_scale = s.zs;
+  p.in.u = compute_unit(s.dt);
+  p.ref = lfref::cross_entropy(p.in);
+  return p;
+}
+
+// Checks loss (and lse, z_loss when given) against the reference.
+inline void check_forward(const Problem& p, const Tensor& loss, const Tensor* lse, const Tensor* z,
+                          const std::string& where) {
+  const DType acc = p.acc();
+  if (p.s.red == Reduction::none) {
+    EXPECT_TRUE(close_all(where + " loss", loss.values(), p.ref.row_loss, p.ref.row_loss_tol, acc));
+    if (z) EXPECT_TRUE(close_all(where + " z_loss", z->values(), p.ref.row_z, p.ref.row_z_tol, acc));
+  } else {
+    EXPECT_TRUE(close_one(where + " loss", loss.get(0), p.ref.loss, p.ref.loss_tol, acc));
+    if (z) EXPECT_TRUE(close_one(where + " z_loss", z->get(0), p.ref.z, p.ref.z_tol, acc));
+  }
+  if (lse) EXPECT_TRUE(close_all(where + " lse", lse->values(), p.ref.lse, p.ref.lse_tol, acc));
+}
+
+// The gradient has the logits' dtype: the reference rounded to it, within one ulp of that dtype.
+inline void check_grad(const Problem& p, const Tensor& grad, const std::string& where) {
+  EXPECT_TRUE(close_all(where + " grad", gather_rows(grad), p.ref.grad, p.ref.grad_tol, p.s.dt));
+}
+
+struct Fwd {
+  Tensor loss, lse, z;
+  CrossEntropyOutputs out;
+};
+inline Fwd make_outputs(const Problem& p, bool with_lse, bool with_z) {
+  Fwd f{p.new_loss(), p.new_lse(), p.new_loss(), {}};
+  f.out.loss = f.loss.view;
+  if (with_lse) f.out.lse = f.lse.view;
+  if (with_z) f.out.z_loss = f.z.view;
+  return f;
+}
+
+// Runs forward, backward (from the forward's lse; separate and in place) and forward_backward (separate and
+// in place) and checks every output against the reference.
+inline void run_all(const Spec& s) {
+  SCOPED_TRACE(s.name);
+  Problem p = build(s);
+  const CrossEntropyOptions o = p.options();
+  const std::vector<std::uint8_t> logits_before = p.logits.storage;
+  const std::vector<std::uint8_t> target_before = p.target.storage;
+
+  // forward
+  Fwd f = make_outputs(p, true, s.with_z);
+  if (!s.with_lse) f.out.lse.reset();
+  lossfuse::cross_entropy_forward(p.logits.view, p.target.view, o, f.out);
+  check_forward(p, f.loss, s.with_lse ? &f.lse : nullptr, s.with_z ? &f.z : nullptr, "forward");
+  EXPECT_TRUE(p.logits.storage == logits_before) << "forward modified the logits";
+  EXPECT_TRUE(p.target.storage == target_before) << "forward modified the target";
+  if (!s.with_lse) {  // backward needs the saved lse
+    Fwd g = make_outputs(p, true, false);
+    lossfuse::cross_entropy_forward(p.logits.view, p.target.view, o, g.out);
+    f.lse = g.lse;
+  }
+
+  // backward, separate
+  {
+    Tensor grad = p.new_grad(s.grad_layout);
+    lossfuse::cross_entropy_backward(p.logits.view, p.target.view, f.lse.view, p.up(), o, grad.view);
+    check_grad(p, grad, "backward");
+    EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "backward wrote outside grad_logits";
+    EXPECT_TRUE(p.logits.storage == logits_before) << "backward modified the logits";
+  }
+  // backward, in place
+  {
+    Tensor work = p.logits;
+    lossfuse::cross_entropy_backward(work.view, p.target.view, f.lse.view, p.up(), o, work.view,
+                                     GradWrite::in_place);
+    check_grad(p, work, "backward in_place");
+    EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place backward wrote outside the logits view";
+  }
+  // forward_backward, separate
+  {
+    Fwd g = make_outputs(p, s.with_lse, s.with_z);
+    Tensor grad = p.new_grad(s.grad_layout);
+    lossfuse::cross_entropy_forward_backward(p.logits.view, p.target.view, o, g.out, p.up(), grad.view,
+                                             GradWrite::separate);
+    check_forward(p, g.loss, s.with_lse ? &g.lse : nullptr, s.with_z ? &g.z : nullptr, "forward_backward");
+    check_grad(p, grad, "forward_backward");
+    EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "forward_backward wrote outside grad_logits";
+    EXPECT_TRUE(p.logits.storage == logits_before) << "forward_backward modified the logits";
+  }
+  // forward_backward, in place
+  {
+    Fwd g = make_outputs(p, s.with_lse, s.with_z);
+    Tensor work = p.logits;
+    lossfuse::cross_entropy_forward_backward(work.view, p.target.view, o, g.out, p.up(), work.view,
+                                             GradWrite::in_place);
+    check_forward(p, g.loss, s.with_lse ? &g.lse : nullptr, s.with_z ? &g.z : nullptr, "forward_backward in_place");
+    check_grad(p, work, "forward_backward in_place");
+    EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place forward_backward wrote outside the logits view";
+  }
+}
+
+inline std::string red_name(Reduction r) { return std::string(lossfuse::reduction_name(r)); }
+inline std::string fmt_num(double v) {  // 0.1 -> "0p1", for test names
+  std::string s = std::to_string(v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  for (auto& ch : s) {
+    if (ch == '.') ch = 'p';
+    if (ch == '-') ch = 'm';
+  }
+  return s;
+}
+
+}  // namespace lftest::ce
