@@ -1,0 +1,252 @@
+// lossfuse: the command line. Parses arguments and dispatches to a subcommand.
+//
+//   lossfuse bench [options]   times the loss kernels registered under bench/ (one <loss>_bench.cpp each)
+//                              against this machine's measured bandwidth and a scalar baseline.
+//
+// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage.
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "lossfuse/parallel.hpp"
+
+namespace {
+
+namespace lb = lossfuse::bench;
+
+constexpr int kUsageError = 2;
+
+struct UsageError {
+  std::string message;
+};
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  while (true) {
+    const auto i = s.find(sep);
+    parts.push_back(s.substr(0, i));
+    if (i == std::string_view::npos) {
+      break;
+    }
+    s.remove_prefix(i + 1);
+  }
+  return parts;
+}
+
+template <class T>
+T parse_number(std::string_view flag, std::string_view text, T lo, T hi) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !(value >= lo && value <= hi)) {
+    std::ostringstream os;
+    os << flag << " takes a number in [" << lo << ", " << hi << "], got '" << text << "'";
+    throw UsageError{os.str()};
+  }
+  return value;
+}
+
+std::string join_shapes(const std::vector<std::vector<std::int64_t>>& shapes) {
+  std::string s;
+  for (const auto& shape : shapes) {
+    if (!s.empty()) {
+      s += ',';
+    }
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      s += (i ? "x" : "") + std::to_string(shape[i]);
+    }
+  }
+  return s;
+}
+
+void print_usage(std::ostream& os) {
+  os << "usage: lossfuse <command> [options]\n"
+        "\n"
+        "commands:\n"
+        "  bench     time lossfuse's loss kernels against this machine's memory bandwidth and a scalar baseline\n"
+        "  help      this help (also -h, --help)\n"
+        "\n"
+        "'lossfuse <command> --help' describes a command's options.\n";
+}
+
+void print_bench_usage(std::ostream& os) {
+  os << "usage: lossfuse bench [options]\n"
+        "\n"
+        "Times each registered loss on standard shapes and dtypes, forward and forward+backward, and prints a\n"
+        "table: median time, effective GB/s, percent of the bandwidth this machine measured in the same run at\n"
+        "the same byte size (read for forward, copy for forward+backward), and speedup over a plain scalar\n"
+        "baseline on the same threads. Inputs are checked against the baseline before they are timed.\n"
+        "Progress goes to stderr, the table to stdout.\n"
+        "\n"
+        "options:\n"
+        "  --loss LIST      only these losses, comma-separated (default: all)\n"
+        "  --shapes LIST    comma-separated shapes such as 32x32000,128x32000\n"
+        "  --dtypes LIST    comma-separated dtypes such as f32,bf16\n"
+        "  --threads N      threads for lossfuse, the baseline and the bandwidth probes (default: lossfuse's, "
+     << lossfuse::get_num_threads()
+     << " here)\n"
+        "  --reps N         fixed number of timed calls per measurement (default: adaptive, 3 to 50, enough\n"
+        "                   for --min-time; a baseline call over 0.5 s may take 2)\n"
+        "  --min-time S     seconds per measurement when reps adapt (default 0.3; 0.05 with --quick)\n"
+        "  --quick          only the small shapes, with a shorter min time (a smoke test)\n"
+        "  --no-baseline    run the scalar baseline once for the check, but do not time it\n"
+        "  --csv PATH       also write the rows as CSV\n"
+        "  -h, --help       this help\n"
+        "\n"
+        "losses:\n";
+  for (const lb::Suite& s : lb::suites()) {
+    os << "  " << s.name << "  shapes " << s.shape_help << ", dtypes";
+    for (std::size_t i = 0; i < s.dtypes.size(); ++i) {
+      os << (i ? "," : " ") << lb::short_dtype_name(s.dtypes[i]);
+    }
+    os << "\n    default shapes " << join_shapes(s.default_shapes) << "\n    --quick shapes "
+       << join_shapes(s.quick_shapes) << '\n';
+  }
+  os << "\n"
+        "exit status: 0 ok, 1 a correctness check failed or a kernel threw, 2 bad usage\n";
+}
+
+lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help) {
+  lb::Options o;
+  std::optional<double> min_time;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view flag = args[i];
+    std::optional<std::string_view> inline_value;
+    if (flag.starts_with("--") && flag.find('=') != std::string_view::npos) {
+      inline_value = flag.substr(flag.find('=') + 1);
+      flag = flag.substr(0, flag.find('='));
+    }
+    auto value = [&]() -> std::string_view {
+      if (inline_value) {
+        return *inline_value;
+      }
+      if (i + 1 >= args.size()) {
+        throw UsageError{std::string(flag) + " needs a value"};
+      }
+      return args[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) {
+        throw UsageError{std::string(flag) + " takes no value"};
+      }
+    };
+
+    if (flag == "-h" || flag == "--help") {
+      no_value();
+      help = true;
+    } else if (flag == "--quick") {
+      no_value();
+      o.quick = true;
+    } else if (flag == "--no-baseline") {
+      no_value();
+      o.baseline = false;
+    } else if (flag == "--loss") {
+      for (std::string_view name : split(value(), ',')) {
+        if (name.empty()) {
+          throw UsageError{"--loss: empty name in the list"};
+        }
+        o.losses.emplace_back(name);
+      }
+    } else if (flag == "--shapes") {
+      o.shapes.clear();
+      for (std::string_view item : split(value(), ',')) {
+        std::vector<std::int64_t> shape;
+        for (std::string_view dim : split(item, 'x')) {
+          shape.push_back(
+              parse_number<std::int64_t>("--shapes: '" + std::string(item) + "':", dim, 1, std::int64_t{1} << 40));
+        }
+        o.shapes.push_back(std::move(shape));
+      }
+    } else if (flag == "--dtypes") {
+      o.dtypes.clear();
+      for (std::string_view name : split(value(), ',')) {
+        lossfuse::DType t{};
+        if (!lb::parse_dtype(name, t)) {
+          throw UsageError{"--dtypes: unknown dtype '" + std::string(name) + "' (f32, f64, f16, bf16)"};
+        }
+        o.dtypes.push_back(t);
+      }
+    } else if (flag == "--threads") {
+      o.threads = parse_number<int>("--threads", value(), 1, 4096);
+    } else if (flag == "--reps") {
+      o.reps = parse_number<int>("--reps", value(), 1, 1000000);
+    } else if (flag == "--min-time") {
+      const double t = parse_number<double>("--min-time", value(), 0.0, 3600.0);
+      if (!(t > 0.0)) {
+        throw UsageError{"--min-time must be > 0"};
+      }
+      min_time = t;
+    } else if (flag == "--csv") {
+      o.csv_path = std::string(value());
+      if (o.csv_path.empty()) {
+        throw UsageError{"--csv needs a file path"};
+      }
+    } else if (flag.starts_with("-")) {
+      throw UsageError{"unknown option '" + std::string(args[i]) + "'"};
+    } else {
+      throw UsageError{"unexpected argument '" + std::string(args[i]) + "'"};
+    }
+  }
+  o.min_time_s = min_time.value_or(o.quick ? 0.05 : 0.3);
+  return o;
+}
+
+int bench_command(std::span<const std::string_view> args) {
+  bool help = false;
+  lb::Options options;
+  try {
+    options = parse_bench_args(args, help);
+  } catch (const UsageError& e) {
+    std::cerr << "lossfuse bench: " << e.message << "\n(see 'lossfuse bench --help')\n";
+    return kUsageError;
+  }
+  if (help) {
+    print_bench_usage(std::cout);
+    return 0;
+  }
+  return lb::run_bench(options);
+}
+
+struct Command {
+  std::string_view name;
+  int (*run)(std::span<const std::string_view> args);
+};
+
+constexpr Command kCommands[] = {
+    {"bench", bench_command},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    print_usage(std::cerr);
+    return kUsageError;
+  }
+  const std::string_view cmd = args[0];
+  if (cmd == "help" || cmd == "-h" || cmd == "--help") {
+    print_usage(std::cout);
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (c.name == cmd) {
+      try {
+        return c.run(std::span(args).subspan(1));
+      } catch (const std::exception& e) {
+        std::cerr << "lossfuse " << cmd << ": " << e.what() << '\n';
+        return 1;
+      }
+    }
+  }
+  std::cerr << "lossfuse: unknown command '" << cmd << "'\n\n";
+  print_usage(std::cerr);
+  return kUsageError;
+}
