@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/cross_entropy_params.hpp"
@@ -69,9 +70,11 @@ HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, 
 // -inf), whose lse is NaN.
 // With `e` set (the fused path), also keeps e_c = exp(z_c - m_k) for the whole row and each chunk's max m_k in
 // `chunk_max`, so the gradient pass needs one multiply per element instead of a transform and an exp.
-template <bool kCap, bool kSoft, class T, class Acc>
+// kIdent (T == Acc, z = x): the chunk is read where it lies and only its last partial vector is copied.
+template <bool kCap, bool kSoft, bool kIdent, class T, class Acc>
 HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, std::int64_t C, const RowCtx<Acc>& cx,
                            math::RowSums<Acc>& rs, Acc* HWY_RESTRICT e, Acc* HWY_RESTRICT chunk_max) {
+  static_assert(!kIdent || (std::is_same_v<T, Acc> && !kCap), "kIdent reads the row as Acc");
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -80,24 +83,30 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
   HWY_ALIGN Acc pbuf[kSoft ? kC + 64 : 1];
   constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
   const bool sums = cx.need_wz || kSoft;
+  const auto* xa = reinterpret_cast<const Acc*>(x);   // used only when kIdent
+  const auto* pa = reinterpret_cast<const Acc*>(pt);  // used only when kIdent
 
   math::LseState<Acc> st;
   Acc ref = 0;
   V swz = hn::Zero(d), swp = hn::Zero(d), swpz = hn::Zero(d);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t len = std::min(kC, C - c0);
+    const std::int64_t full = len / N * N;
     V vmax = hn::Set(d, -kInf);
-    std::int64_t i = 0;
-    for (; i + N <= len; i += N) {
-      V th;
-      const V z = Transform<kCap>(d, LoadAcc(d, x + c0 + i), cx.xf, &th);
-      hn::Store(z, d, zbuf + i);
-      vmax = hn::Max(vmax, z);
-      if constexpr (kSoft) hn::Store(LoadAcc(d, pt + c0 + i), d, pbuf + i);
+    for (std::int64_t i = 0; i < full; i += N) {
+      if constexpr (kIdent) {
+        vmax = hn::Max(vmax, hn::LoadU(d, xa + c0 + i));
+      } else {
+        V th;
+        const V z = Transform<kCap>(d, LoadAcc(d, x + c0 + i), cx.xf, &th);
+        hn::Store(z, d, zbuf + i);
+        vmax = hn::Max(vmax, z);
+        if constexpr (kSoft) hn::Store(LoadAcc(d, pt + c0 + i), d, pbuf + i);
+      }
     }
     Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
     bool bad = false;  // a NaN in the vector part shows up as a NaN exp sum below
-    for (; i < len; ++i) {
+    for (std::int64_t i = full; i < len; ++i) {
       const Acc z = cx.xf.apply(ToAcc<Acc>(x[c0 + i]));
       zbuf[i] = z;
       bad |= std::isnan(z);
@@ -116,8 +125,9 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
     const V vref = hn::Set(d, ref);
     V vs = hn::Zero(d);
     if (e != nullptr) chunk_max[c0 / kC] = m;
-    for (i = 0; i < padded; i += N) {
-      const V z = hn::Load(d, zbuf + i);
+    for (std::int64_t i = 0; i < padded; i += N) {
+      const bool in_place = kIdent && i < full;
+      const V z = in_place ? hn::LoadU(d, xa + c0 + i) : hn::Load(d, zbuf + i);
       const V ez = FastExp(d, hn::Sub(z, vm));
       vs = hn::Add(vs, ez);
       if (e != nullptr) hn::StoreU(ez, d, e + c0 + i);  // e has room for the padding
@@ -127,7 +137,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
         const V wv = cx.w != nullptr ? hn::LoadU(d, cx.w + c0 + i) : hn::Set(d, Acc(1));
         if (cx.need_wz) swz = hn::MulAdd(wv, zr, swz);
         if constexpr (kSoft) {
-          const V wp = hn::Mul(wv, hn::Load(d, pbuf + i));
+          const V wp = hn::Mul(wv, in_place ? hn::LoadU(d, pa + c0 + i) : hn::Load(d, pbuf + i));
           swp = hn::Add(swp, wp);
           swpz = hn::MulAdd(wp, zr, swpz);
         }
@@ -281,7 +291,7 @@ HWY_INLINE void FillRow(T* g, std::int64_t gs_, std::int64_t C, Acc v) {
   for (std::int64_t c = 0; c < C; ++c) g[c * gs_] = t;
 }
 
-template <bool kCap, bool kSoft, class T, class Acc>
+template <bool kCap, bool kSoft, bool kIdent, class T, class Acc>
 void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   constexpr Acc kNaN = std::numeric_limits<Acc>::quiet_NaN();
   const std::int64_t C = p.classes;
@@ -337,7 +347,7 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       math::RowSums<Acc> rs{};
       bool ok = true;
       if (fwd) {
-        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs, ebuf, chunk_max)
+        ok = contiguous ? RowStats<kCap, kSoft, kIdent>(x, pt, C, cx, rs, ebuf, chunk_max)
                         : RowStatsStrided<kSoft>(x, p.x_cstride, pt, p.t_cstride, C, cx, rs);
         if (!ok) rs.lse = kNaN;
         Acc loss = 0, zl = 0;
@@ -401,11 +411,17 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
 template <class T, class Acc>
 void BlocksFor(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   const bool cap = p.softcap > 0;
-  if (p.soft) {
-    cap ? Blocks<true, true, T, Acc>(p, b0, b1) : Blocks<false, true, T, Acc>(p, b0, b1);
-  } else {
-    cap ? Blocks<true, false, T, Acc>(p, b0, b1) : Blocks<false, false, T, Acc>(p, b0, b1);
+  if (cap) {
+    p.soft ? Blocks<true, true, false, T, Acc>(p, b0, b1) : Blocks<true, false, false, T, Acc>(p, b0, b1);
+    return;
   }
+  if constexpr (std::is_same_v<T, Acc>) {
+    if (p.scale == 1.0) {  // z = x: rows are read where they lie
+      p.soft ? Blocks<false, true, true, T, Acc>(p, b0, b1) : Blocks<false, false, true, T, Acc>(p, b0, b1);
+      return;
+    }
+  }
+  p.soft ? Blocks<false, true, false, T, Acc>(p, b0, b1) : Blocks<false, false, false, T, Acc>(p, b0, b1);
 }
 
 void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
