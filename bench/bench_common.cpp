@@ -193,68 +193,86 @@ bool parse_dtype(std::string_view s, DType& out) noexcept {
 
 // ---- timing -------------------------------------------------------------------------------------------
 
-Timing time_median(const std::function<void()>& fn, const RepPolicy& policy) {
+std::vector<Timing> time_interleaved(const std::vector<std::function<void()>>& fns, const RepPolicy& policy) {
   using Clock = std::chrono::steady_clock;
-  auto once = [&] {
+  auto once = [](const std::function<void()>& fn) {
     const auto t0 = Clock::now();
     fn();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   for (int i = 0; i < policy.warmup; ++i) {
-    (void)once();
+    for (const auto& fn : fns) {
+      (void)once(fn);
+    }
   }
-  // Timed calls until their total reaches min_time_s (one noisy call cannot set the count), within the bounds.
-  std::vector<double> t;
+  // Timed rounds until the time of the first function adds up to min_time_s (one noisy call cannot set the
+  // count), within the bounds.
+  std::vector<std::vector<double>> t(fns.size());
   double total = 0.0;
   auto enough = [&] {
-    const auto n = static_cast<int>(t.size());
+    const auto n = static_cast<int>(t[0].size());
     if (policy.fixed_reps > 0) {
       return n >= policy.fixed_reps;
     }
     if (n == 0) {
       return false;
     }
-    const int lo = t[0] >= policy.slow_call_s ? policy.min_reps_slow : policy.min_reps;
+    const int lo = t[0][0] >= policy.slow_call_s ? policy.min_reps_slow : policy.min_reps;
     return n >= policy.max_reps || (n >= lo && total >= policy.min_time_s);
   };
   while (!enough()) {
-    t.push_back(once());
-    total += t.back();
+    for (std::size_t k = 0; k < fns.size(); ++k) {
+      t[k].push_back(once(fns[k]));
+    }
+    total += t[0].back();
   }
-  std::sort(t.begin(), t.end());
-  const std::size_t m = t.size() / 2;
-  return {t.size() % 2 ? t[m] : 0.5 * (t[m - 1] + t[m]), static_cast<int>(t.size())};
+  std::vector<Timing> out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    const std::size_t m = v.size() / 2;
+    out.push_back({v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]), static_cast<int>(v.size())});
+  }
+  return out;
+}
+
+Timing time_median(const std::function<void()>& fn, const RepPolicy& policy) {
+  return time_interleaved({fn}, policy)[0];
 }
 
 // ---- bandwidth probes ---------------------------------------------------------------------------------
 
-Bandwidth measure_bandwidth(const void* src, void* dst, std::size_t bytes, int threads, const RepPolicy& policy) {
+std::function<void()> read_probe(const void* src, std::size_t bytes, int threads) {
+  const auto* s = static_cast<const std::uint64_t*>(src);
+  const std::size_t words = bytes / sizeof(std::uint64_t);
+  return [s, words, threads] {
+    std::uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const auto [b, e] = chunk(words, omp_get_num_threads(), omp_get_thread_num(), 8);
+      total += sum_words(s + b, e - b);
+    }
+    g_sink = g_sink + total;
+  };
+}
+
+std::function<void()> copy_probe(const void* src, void* dst, std::size_t bytes, int threads) {
   const auto* s = static_cast<const std::uint64_t*>(src);
   auto* d = static_cast<std::uint64_t*>(dst);
   const std::size_t words = bytes / sizeof(std::uint64_t);
   const std::uint64_t key = g_zero_key;
-
-  const Timing read = time_median(
-      [&] {
-        std::uint64_t total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-        {
-          const auto [b, e] = chunk(words, omp_get_num_threads(), omp_get_thread_num(), 8);
-          total += sum_words(s + b, e - b);
-        }
-        g_sink = g_sink + total;
-      },
-      policy);
-  const Timing copy = time_median(
-      [&] {
+  return [s, d, words, threads, key] {
 #pragma omp parallel num_threads(threads)
-        {
-          const auto [b, e] = chunk(words, omp_get_num_threads(), omp_get_thread_num(), 8);
-          copy_words(s + b, d + b, e - b, key);
-        }
-      },
-      policy);
-  const double moved = static_cast<double>(words * sizeof(std::uint64_t));
+    {
+      const auto [b, e] = chunk(words, omp_get_num_threads(), omp_get_thread_num(), 8);
+      copy_words(s + b, d + b, e - b, key);
+    }
+  };
+}
+
+Bandwidth measure_bandwidth(const void* src, void* dst, std::size_t bytes, int threads, const RepPolicy& policy) {
+  const Timing read = time_median(read_probe(src, bytes, threads), policy);
+  const Timing copy = time_median(copy_probe(src, dst, bytes, threads), policy);
+  const double moved = static_cast<double>(bytes / sizeof(std::uint64_t) * sizeof(std::uint64_t));
   return {moved / read.median_s * 1e-9, 2.0 * moved / copy.median_s * 1e-9};
 }
 

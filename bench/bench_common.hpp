@@ -99,6 +99,10 @@ struct Timing {
 // steady_clock around each call; returns the median.
 Timing time_median(const std::function<void()>& fn, const RepPolicy& policy);
 
+// The functions called in turn (a, b, a, b, ...) under one policy applied to a round, so each sees the same
+// machine state (noisy neighbours, frequency): their median ratio is steadier than that of separate runs.
+std::vector<Timing> time_interleaved(const std::vector<std::function<void()>>& fns, const RepPolicy& policy);
+
 // ---- bandwidth probes ---------------------------------------------------------------------------------
 
 // GB/s (1e9 bytes/s) at one byte size, on the OpenMP threads (as many as lossfuse uses):
@@ -110,6 +114,10 @@ struct Bandwidth {
   double copy_gbps = 0.0;
 };
 Bandwidth measure_bandwidth(const void* src, void* dst, std::size_t bytes, int threads, const RepPolicy& policy);
+
+// One call of each probe, to be timed by the caller (e.g. interleaved with a kernel).
+std::function<void()> read_probe(const void* src, std::size_t bytes, int threads);
+std::function<void()> copy_probe(const void* src, void* dst, std::size_t bytes, int threads);
 
 // ---- results ------------------------------------------------------------------------------------------
 

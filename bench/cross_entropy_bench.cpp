@@ -151,7 +151,6 @@ void run_group(Run& run, std::int64_t n, std::int64_t v, DType dtype) {
     row.dtype = std::string(short_dtype_name(dtype));
     row.direction = direction;
     const double moved = static_cast<double>(bytes) * (backward ? 2.0 : 1.0);
-    row.probe_gbps = backward ? bw.copy_gbps : bw.read_gbps;
 
     auto kernel = [&] {
       if (backward) {
@@ -222,7 +221,13 @@ void run_group(Run& run, std::int64_t n, std::int64_t v, DType dtype) {
       row.note = problem + " (timed anyway)";
     }
 
-    const Timing t = time_median(kernel, run.kernel_policy());
+    // The kernel alternates with its probe (read for forward, copy for fwd+bwd, same bytes), so the percentage
+    // compares two medians taken under the same machine state.
+    const std::function<void()> probe = backward ? copy_probe(logits.data(), grad.data(), bytes, run.threads())
+                                                 : read_probe(logits.data(), bytes, run.threads());
+    const std::vector<Timing> tp = time_interleaved({kernel, probe}, run.kernel_policy());
+    const Timing& t = tp[0];
+    row.probe_gbps = moved / tp[1].median_s * 1e-9;
     row.ms = t.median_s * 1e3;
     row.reps = t.reps;
     row.gbps = moved / t.median_s * 1e-9;

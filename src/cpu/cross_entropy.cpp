@@ -125,7 +125,11 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
     const V vref = hn::Set(d, ref);
     V vs = hn::Zero(d);
     if (e != nullptr) chunk_max[c0 / kC] = m;
+    // While this chunk's exps are computed from L1, the next chunk (or the next row) is fetched: one prefetch
+    // per cache line, kChunk elements ahead (prefetches never fault, also past the end of the logits).
+    const char* next = reinterpret_cast<const char*>(x + c0 + 2 * kC);
     for (std::int64_t i = 0; i < padded; i += N) {
+      if ((i * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) __builtin_prefetch(next + i * static_cast<std::int64_t>(sizeof(T)));
       const bool in_place = kIdent && i < full;
       const V z = in_place ? hn::LoadU(d, xa + c0 + i) : hn::Load(d, zbuf + i);
       const V ez = FastExp(d, hn::Sub(z, vm));
