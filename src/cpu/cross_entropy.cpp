@@ -5,12 +5,14 @@
 // grad:    rows x C like logits (may be the logits buffer itself when the caller asked for in place)
 // outputs: per-row loss / lse / z-loss (Acc) or per-block sums for the reductions
 //
-// Per row, z_c = T(x_c) (logit_scale, then softcap * tanh(. / softcap)); the row is read once in chunks of
-// kChunk classes: each chunk is converted and transformed into an L1-resident buffer while its max is taken,
-// then exp(z - chunk max) and the smoothing / soft-target sums are taken from the buffer, and the chunk's
-// (max, sum) joins the row's online log-sum-exp (src/math/online_lse.hpp). The loss and gradient formulas are
-// in src/math/cross_entropy_math.hpp. The gradient pass re-reads the row, which the fused entry finds in L2.
-// Rows whose class stride is not 1 take a scalar path with the same math.
+// Per row, z_c = T(x_c) (logit_scale, then softcap * tanh(. / softcap)); the row is read once, in chunks of
+// kChunk classes. Each chunk is one pass: z is formed in registers and exp(z - shift) summed with a shift known
+// before the chunk (the running max), while the chunk's max is taken; the rare chunk whose max overtakes the
+// shift by more than kSlack is summed again from L1. The chunk's (shift, sum) joins the row's online
+// log-sum-exp (src/math/online_lse.hpp); label-smoothing and soft-target sums ride along. The chunk after next
+// is prefetched meanwhile. The loss and gradient formulas are in src/math/cross_entropy_math.hpp. The fused
+// entry keeps exp(z - shift) in a per-thread row buffer, so its gradient pass is a multiply per element; the
+// backward entry recomputes it from the saved lse. Rows whose class stride is not 1 take a scalar path.
 //
 // Accumulation in float32 (float64 for float64 logits); row losses summed per fixed block of rows in double.
 
@@ -68,88 +70,110 @@ HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, 
 
 // Forward statistics of one contiguous row. Returns false for a non-finite row (NaN or +inf in z, or only
 // -inf), whose lse is NaN.
-// With `e` set (the fused path), also keeps e_c = exp(z_c - m_k) for the whole row and each chunk's max m_k in
+// One pass per chunk: z is formed in registers, and exp(z - shift) summed with the shift known before the chunk
+// starts (the running max; for the first chunk the max of its first vector), while the chunk's own max is taken.
+// exp(z - shift) cannot overflow while z <= shift + kSlack; a chunk whose max passes that (or, for a first chunk
+// with no finite guess, lies far below the shift) is summed again from L1 with its own max as the shift. Values
+// far below a running max contribute < e^-kSlack relative to the sum and may underflow to 0.
+// With `e` set (the fused path), also keeps e_c = exp(z_c - shift_k) for the whole row and each chunk's shift in
 // `chunk_max`, so the gradient pass needs one multiply per element instead of a transform and an exp.
-// kIdent (T == Acc, z = x): the chunk is read where it lies and only its last partial vector is copied.
-template <bool kCap, bool kSoft, bool kIdent, class T, class Acc>
+template <bool kCap, bool kSoft, class T, class Acc>
 HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, std::int64_t C, const RowCtx<Acc>& cx,
                            math::RowSums<Acc>& rs, Acc* HWY_RESTRICT e, Acc* HWY_RESTRICT chunk_max) {
-  static_assert(!kIdent || (std::is_same_v<T, Acc> && !kCap), "kIdent reads the row as Acc");
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr std::int64_t kC = kChunk<Acc>;
-  HWY_ALIGN Acc zbuf[kC + 64];
-  HWY_ALIGN Acc pbuf[kSoft ? kC + 64 : 1];
   constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
+  constexpr Acc kSlack = 60;
   const bool sums = cx.need_wz || kSoft;
-  const auto* xa = reinterpret_cast<const Acc*>(x);   // used only when kIdent
-  const auto* pa = reinterpret_cast<const Acc*>(pt);  // used only when kIdent
+
+  // The last partial vector of a chunk is read through these, padded with z = -inf, p = 0.
+  HWY_ALIGN Acc zl[hn::MaxLanes(d)] = {};
+  HWY_ALIGN Acc pl[hn::MaxLanes(d)] = {};
+  auto load_tail = [&](std::int64_t c, std::int64_t end) {
+    for (std::int64_t j = 0; j < N; ++j) {
+      zl[j] = c + j < end ? cx.xf.apply(ToAcc<Acc>(x[c + j])) : -kInf;
+      if constexpr (kSoft) pl[j] = c + j < end ? ToAcc<Acc>(pt[c + j]) : Acc(0);
+    }
+  };
 
   math::LseState<Acc> st;
   Acc ref = 0;
   V swz = hn::Zero(d), swp = hn::Zero(d), swpz = hn::Zero(d);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
-    const std::int64_t len = std::min(kC, C - c0);
-    const std::int64_t full = len / N * N;
-    V vmax = hn::Set(d, -kInf);
-    for (std::int64_t i = 0; i < full; i += N) {
-      if constexpr (kIdent) {
-        vmax = hn::Max(vmax, hn::LoadU(d, xa + c0 + i));
+    const std::int64_t end = std::min(C, c0 + kC);
+    const std::int64_t full_end = c0 + (end - c0) / N * N;
+    Acc shift = st.m;
+    const bool guessed = c0 == 0;
+    if (guessed) {
+      V th;
+      if (full_end > c0) {
+        shift = hn::GetLane(hn::MaxOfLanes(d, Transform<kCap>(d, LoadAcc(d, x), cx.xf, &th)));
       } else {
-        V th;
-        const V z = Transform<kCap>(d, LoadAcc(d, x + c0 + i), cx.xf, &th);
-        hn::Store(z, d, zbuf + i);
-        vmax = hn::Max(vmax, z);
-        if constexpr (kSoft) hn::Store(LoadAcc(d, pt + c0 + i), d, pbuf + i);
+        load_tail(0, end);
+        shift = hn::GetLane(hn::MaxOfLanes(d, hn::Load(d, zl)));
       }
+      if (!(shift > -kInf && shift < kInf)) shift = 0;  // NaN / inf are caught below
+      ref = shift;  // sums are taken relative to the first chunk's shift
     }
-    Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    bool bad = false;  // a NaN in the vector part shows up as a NaN exp sum below
-    for (std::int64_t i = full; i < len; ++i) {
-      const Acc z = cx.xf.apply(ToAcc<Acc>(x[c0 + i]));
-      zbuf[i] = z;
-      bad |= std::isnan(z);
-      m = std::max(m, z);
-      if constexpr (kSoft) pbuf[i] = ToAcc<Acc>(pt[c0 + i]);
-    }
-    if (bad || m == kInf) return false;
-    const std::int64_t padded = (len + N - 1) / N * N;
-    for (std::int64_t j = len; j < padded; ++j) {
-      zbuf[j] = -kInf;  // exp gives 0
-      if constexpr (kSoft) pbuf[j] = 0;
-    }
-    if (c0 == 0 && m > -kInf) ref = m;  // sums are taken relative to the first chunk's max
-    // A chunk of only -inf adds nothing to the exp sum; shifting by 0 keeps exp(-inf - shift) = 0.
-    const V vm = hn::Set(d, m > -kInf ? m : Acc(0));
-    const V vref = hn::Set(d, ref);
-    V vs = hn::Zero(d);
-    if (e != nullptr) chunk_max[c0 / kC] = m;
-    // While this chunk's exps are computed from L1, the next chunk (or the next row) is fetched: one prefetch
-    // per cache line, kChunk elements ahead (prefetches never fault, also past the end of the logits).
     const char* next = reinterpret_cast<const char*>(x + c0 + 2 * kC);
-    for (std::int64_t i = 0; i < padded; i += N) {
-      if ((i * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) __builtin_prefetch(next + i * static_cast<std::int64_t>(sizeof(T)));
-      const bool in_place = kIdent && i < full;
-      const V z = in_place ? hn::LoadU(d, xa + c0 + i) : hn::Load(d, zbuf + i);
-      const V ez = FastExp(d, hn::Sub(z, vm));
-      vs = hn::Add(vs, ez);
-      if (e != nullptr) hn::StoreU(ez, d, e + c0 + i);  // e has room for the padding
-      if (sums) {
-        V zr = hn::Sub(z, vref);
-        if (i + N > len) zr = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(len - i)), zr);
-        const V wv = cx.w != nullptr ? hn::LoadU(d, cx.w + c0 + i) : hn::Set(d, Acc(1));
-        if (cx.need_wz) swz = hn::MulAdd(wv, zr, swz);
-        if constexpr (kSoft) {
-          const V wp = hn::Mul(wv, in_place ? hn::LoadU(d, pa + c0 + i) : hn::Load(d, pbuf + i));
-          swp = hn::Add(swp, wp);
-          swpz = hn::MulAdd(wp, zr, swpz);
+    const V vref = hn::Set(d, ref);
+    V vmax = hn::Set(d, -kInf);
+    Acc chunk_sum = 0;
+    // Attempt 0 sums with the shift known before the chunk; attempt 1 (rare) with the chunk's own max.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const V vsh = hn::Set(d, shift);
+      V vs = hn::Zero(d), vs_wz = swz, vs_wp = swp, vs_wpz = swpz, vm = vmax;
+      const bool with_sums = sums && attempt == 0;
+      for (std::int64_t c = c0; c < end; c += N) {
+        // While this chunk is summed, the chunk after next (or the next row) is fetched: one prefetch per cache
+        // line (prefetches never fault, also past the end of the logits).
+        if (((c - c0) * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
+          __builtin_prefetch(next + (c - c0) * static_cast<std::int64_t>(sizeof(T)));
+        }
+        V z, pv = hn::Zero(d);
+        if (c < full_end) {
+          V th;
+          z = Transform<kCap>(d, LoadAcc(d, x + c), cx.xf, &th);
+          if constexpr (kSoft) pv = LoadAcc(d, pt + c);
+        } else {
+          load_tail(c, end);
+          z = hn::Load(d, zl);
+          if constexpr (kSoft) pv = hn::Load(d, pl);
+        }
+        vm = hn::Max(vm, z);
+        const V ez = FastExp(d, hn::Sub(z, vsh));
+        vs = hn::Add(vs, ez);
+        if (e != nullptr) hn::StoreU(ez, d, e + c);  // e has room for the padding
+        if (with_sums) {
+          V zr = hn::Sub(z, vref);
+          if (c + N > end) zr = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(end - c)), zr);
+          const V wv = cx.w != nullptr ? hn::LoadU(d, cx.w + c) : hn::Set(d, Acc(1));
+          if (cx.need_wz) vs_wz = hn::MulAdd(wv, zr, vs_wz);
+          if constexpr (kSoft) {
+            const V wp = hn::Mul(wv, pv);
+            vs_wp = hn::Add(vs_wp, wp);
+            vs_wpz = hn::MulAdd(wp, zr, vs_wpz);
+          }
         }
       }
+      vmax = vm;
+      if (with_sums) swz = vs_wz, swp = vs_wp, swpz = vs_wpz;
+      chunk_sum = hn::GetLane(hn::SumOfLanes(d, vs));
+      const Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
+      if (m == kInf) return false;  // +inf in z
+      // exp(z - shift) may have overflowed, or (first chunk, no finite guess) underflowed: sum again.
+      if (attempt == 0 && m > -kInf && (m > shift + kSlack || (guessed && m < shift - kSlack))) {
+        shift = m;
+        continue;
+      }
+      break;
     }
-    const Acc chunk_sum = hn::GetLane(hn::SumOfLanes(d, vs));
-    if (std::isnan(chunk_sum)) return false;
-    st = math::lse_combine(st, {m, chunk_sum});
+    if (std::isnan(chunk_sum)) return false;  // a NaN in z (any lane)
+    const Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    if (e != nullptr) chunk_max[c0 / kC] = m > -kInf ? shift : -kInf;
+    if (m > -kInf) st = math::lse_combine(st, {shift, chunk_sum});
   }
   if (st.m == -kInf) return false;
   rs.m = ref;
@@ -295,7 +319,7 @@ HWY_INLINE void FillRow(T* g, std::int64_t gs_, std::int64_t C, Acc v) {
   for (std::int64_t c = 0; c < C; ++c) g[c * gs_] = t;
 }
 
-template <bool kCap, bool kSoft, bool kIdent, class T, class Acc>
+template <bool kCap, bool kSoft, class T, class Acc>
 void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   constexpr Acc kNaN = std::numeric_limits<Acc>::quiet_NaN();
   const std::int64_t C = p.classes;
@@ -351,7 +375,7 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       math::RowSums<Acc> rs{};
       bool ok = true;
       if (fwd) {
-        ok = contiguous ? RowStats<kCap, kSoft, kIdent>(x, pt, C, cx, rs, ebuf, chunk_max)
+        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs, ebuf, chunk_max)
                         : RowStatsStrided<kSoft>(x, p.x_cstride, pt, p.t_cstride, C, cx, rs);
         if (!ok) rs.lse = kNaN;
         Acc loss = 0, zl = 0;
@@ -414,18 +438,11 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
 // The one switch point: runtime dtype and flags become template parameters.
 template <class T, class Acc>
 void BlocksFor(const CeParams& p, std::int64_t b0, std::int64_t b1) {
-  const bool cap = p.softcap > 0;
-  if (cap) {
-    p.soft ? Blocks<true, true, false, T, Acc>(p, b0, b1) : Blocks<true, false, false, T, Acc>(p, b0, b1);
-    return;
+  if (p.softcap > 0) {
+    p.soft ? Blocks<true, true, T, Acc>(p, b0, b1) : Blocks<true, false, T, Acc>(p, b0, b1);
+  } else {
+    p.soft ? Blocks<false, true, T, Acc>(p, b0, b1) : Blocks<false, false, T, Acc>(p, b0, b1);
   }
-  if constexpr (std::is_same_v<T, Acc>) {
-    if (p.scale == 1.0) {  // z = x: rows are read where they lie
-      p.soft ? Blocks<false, true, true, T, Acc>(p, b0, b1) : Blocks<false, false, true, T, Acc>(p, b0, b1);
-      return;
-    }
-  }
-  p.soft ? Blocks<false, true, false, T, Acc>(p, b0, b1) : Blocks<false, false, false, T, Acc>(p, b0, b1);
 }
 
 void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
