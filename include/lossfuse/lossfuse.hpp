@@ -8,4 +8,5 @@
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/nll.hpp"
 #include "lossfuse/parallel.hpp"
+#include "lossfuse/pointwise.hpp"
 #include "lossfuse/tensor.hpp"

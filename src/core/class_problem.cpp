@@ -120,17 +120,18 @@ void fill_layout(CeParams& p, const ClassProblem& pb, const TensorView& input, c
   p.rows_per_block = pb.classes >= 4096 ? 1 : (4096 + pb.classes - 1) / pb.classes;
 }
 
+double read_scalar(const TensorView& t) {
+  return t.dtype == DType::f64 ? *static_cast<const double*>(t.data)
+                               : static_cast<double>(*static_cast<const float*>(t.data));
+}
+
 void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss,
                     double denominator) {
   if (reduction == Reduction::none) {
     p.grad_loss = grad_loss ? grad_loss->data : nullptr;
     return;
   }
-  p.grad_scale = 1.0;
-  if (grad_loss) {
-    p.grad_scale = grad_loss->dtype == DType::f64 ? *static_cast<const double*>(grad_loss->data)
-                                                  : static_cast<double>(*static_cast<const float*>(grad_loss->data));
-  }
+  p.grad_scale = grad_loss ? read_scalar(*grad_loss) : 1.0;
   if (reduction == Reduction::mean) p.grad_scale /= denominator;
 }
 

@@ -49,6 +49,9 @@ void check_disjoint(const std::vector<NamedView>& written, const std::vector<Nam
 void fill_layout(CeParams& p, const ClassProblem& pb, const TensorView& input, const TensorView& target,
                  const TensorView* grad, const std::optional<TensorView>& grad_loss);
 
+// Reads a one-element Acc-typed (float32 / float64) tensor.
+double read_scalar(const TensorView& t);
+
 // The upstream gradient in p: a per-row pointer for reduction none, else one scale (1 when absent) with
 // 1/denominator folded in for mean.
 void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss,

@@ -4,6 +4,8 @@
 #include <cstdint>
 
 #include "core/cross_entropy_params.hpp"
+#include "core/ctc_params.hpp"
+#include "core/pointwise_params.hpp"
 
 namespace lossfuse::cpu {
 
@@ -12,6 +14,14 @@ void cross_entropy_rows(const core::CeParams& p);
 
 // NLL: the forward fills p.loss_rows or p.block_loss; the backward writes p.grad (the whole input shape).
 void nll_rows(const core::CeParams& p);
+
+// Elementwise losses: forward fills p.loss_rows or the per-tile sums (p.tile_loss, p.tile_weight); backward
+// writes the gradients present in p.ptr.
+void pointwise_run(const core::PwParams& p);
+
+// CTC over the N samples of p, split across threads: the forward writes p.nll (and p.log_alpha when set);
+// the backward (p.grad set) writes every element of p.grad.
+void ctc_samples(const core::CtcParams& p);
 
 // y = exp(x) with the vectorized float32 exp of the kernels (src/cpu/hwy_exp-inl.h); for its range test.
 void fast_exp(const float* x, float* y, std::int64_t n);

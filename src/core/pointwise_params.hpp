@@ -1,0 +1,35 @@
+// The plain parameter struct of the elementwise-loss kernels (src/cpu/pointwise.cpp), filled by
+// src/core/pointwise.cpp after every check.
+#pragma once
+
+#include <cstdint>
+
+#include "lossfuse/dtype.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::core {
+
+enum class PwKind : std::uint8_t { mse, l1, smooth_l1, huber };
+
+// Views in stride-table order: inputs x (input), y (target), z (third operand), w (weight); gradient outputs
+// gx, gy, gz; go (upstream gradient, reduction none).
+enum PwView : int { kPwX = 0, kPwY, kPwZ, kPwW, kPwGX, kPwGY, kPwGZ, kPwGO, kPwViews };
+
+struct PwParams {
+  PwKind kind = PwKind::mse;
+  bool backward = false;
+  DType dtype = DType::f32;      // every floating operand and gradient
+  const void* ptr[kPwViews] = {};  // nullptr: absent
+  int ndim = 1;                  // >= 1 (a 0-d problem is one row of one element)
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t strides[kPwViews][kMaxDims] = {};
+  std::int64_t numel = 0, inner = 1, rows = 0;
+  std::int64_t tile = 1, tiles_per_row = 1;  // tiles: pieces of at most `tile` elements of one row
+  double a = 0, b = 0;                       // the loss's constants (beta, delta, margin, eps)
+  void* loss_rows = nullptr;                 // reduction none: Acc[numel], contiguous
+  double grad_scale = 1;                     // upstream gradient scale (1/denominator folded in for mean)
+  double* tile_loss = nullptr;               // reductions: per tile sum of (w) l, in double
+  double* tile_weight = nullptr;             // weighted mean over sum(w): per tile sum of w
+};
+
+}  // namespace lossfuse::core

@@ -1,0 +1,238 @@
+// CPU kernels of the elementwise losses.
+//
+// x, y (z, w): the operands, all of one shape, any strides (stride 0 for a broadcast operand); any float dtype
+// gx, gy (gz): gradients of that shape (optional); go: the upstream gradient (reduction none)
+// forward: l = w * f(x, y, z) per element, to a contiguous Acc output (none) or per-tile sums in double
+// backward: (gx, gy, gz) = d f / d(x, y, z) * w * g
+// The formulas are the structs of src/math/pointwise_math.hpp, evaluated here by HwyOps on vectors of lanes along
+// the innermost dim (when every operand's stride there is 0 or 1) and by ScalarOps otherwise and in tails.
+// The work is split into tiles of at most p.tile elements of one row; per-tile sums make the reduction order
+// independent of the thread count.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/pointwise.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/pointwise_params.hpp"
+#include "cpu/hwy_io-inl.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "math/pointwise_math.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace lossfuse::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using core::PwParams;
+
+// The ops policy of src/math/pointwise_math.hpp on Highway vectors.
+template <class D>
+struct HwyOps {
+  using V = hn::Vec<D>;
+  using M = hn::Mask<D>;
+  using T = hn::TFromD<D>;
+  D d;
+  HWY_INLINE V set(T v) const { return hn::Set(d, v); }
+  HWY_INLINE V add(V a, V b) const { return hn::Add(a, b); }
+  HWY_INLINE V sub(V a, V b) const { return hn::Sub(a, b); }
+  HWY_INLINE V mul(V a, V b) const { return hn::Mul(a, b); }
+  HWY_INLINE V div(V a, V b) const { return hn::Div(a, b); }
+  HWY_INLINE V neg(V a) const { return hn::Neg(a); }
+  HWY_INLINE V abs(V a) const { return hn::Abs(a); }
+  HWY_INLINE V min(V a, V b) const { return hn::Min(a, b); }
+  HWY_INLINE V max(V a, V b) const { return hn::Max(a, b); }
+  HWY_INLINE V sqrt(V a) const { return hn::Sqrt(a); }
+  HWY_INLINE V log(V a) const { return hn::Log(d, a); }
+  HWY_INLINE V log1p(V a) const { return hn::Log1p(d, a); }
+  HWY_INLINE V exp(V a) const { return hn::Exp(d, a); }
+  HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }
+  HWY_INLINE M le(V a, V b) const { return hn::Le(a, b); }
+  HWY_INLINE M eq(V a, V b) const { return hn::Eq(a, b); }
+  HWY_INLINE V select(M m, V a, V b) const { return hn::IfThenElse(m, a, b); }
+  // sign with NaN kept NaN: a * 0 + (a > 0) - (a < 0)
+  HWY_INLINE V sign(V a) const {
+    const V one = hn::Set(d, T(1));
+    const V s = hn::Sub(hn::IfThenElseZero(hn::Gt(a, hn::Zero(d)), one), hn::IfThenElseZero(hn::Lt(a, hn::Zero(d)), one));
+    return hn::IfThenElse(hn::IsNaN(a), a, s);
+  }
+};
+
+// The formulas of src/math/pointwise_math.hpp, compiled for this target.
+namespace lm {
+#include "math/pointwise_losses.inc"  // NOLINT(bugprone-suspicious-include)
+}  // namespace lm
+
+template <class Acc>
+struct ScalarOpsNaN : math::ScalarOps<Acc> {
+  Acc sign(Acc a) const { return a != a ? a : math::ScalarOps<Acc>::sign(a); }
+};
+
+struct Offsets {
+  std::int64_t v[core::kPwViews];
+};
+
+// Element offsets of (row, first element) in every view.
+HWY_INLINE Offsets RowOffsets(const PwParams& p, std::int64_t row, std::int64_t i0) {
+  Offsets o{};
+  std::int64_t coords[kMaxDims] = {};
+  std::int64_t r = row;
+  for (int k = p.ndim - 2; k >= 0; --k) {
+    coords[k] = r % p.shape[k];
+    r /= p.shape[k];
+  }
+  coords[p.ndim - 1] = i0;
+  for (int v = 0; v < core::kPwViews; ++v) {
+    std::int64_t off = 0;
+    for (int k = 0; k < p.ndim; ++k) off += coords[k] * p.strides[v][k];
+    o.v[v] = off;
+  }
+  return o;
+}
+
+template <class Loss, class T, class Acc>
+void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
+  const hn::ScalableTag<Acc> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const HwyOps<decltype(d)> vo{d};
+  const ScalarOpsNaN<Acc> so{};
+  math::PwConsts<Acc> k{static_cast<Acc>(p.a), static_cast<Acc>(p.b)};
+  const int last = p.ndim - 1;
+  std::int64_t s[core::kPwViews];
+  bool vec_ok = true;
+  for (int v = 0; v < core::kPwViews; ++v) {
+    s[v] = p.strides[v][last];
+    if (p.ptr[v] != nullptr && s[v] != 0 && s[v] != 1) vec_ok = false;
+    if (v >= core::kPwGX && v <= core::kPwGZ && p.ptr[v] != nullptr && s[v] != 1) vec_ok = false;
+  }
+  const T* X = static_cast<const T*>(p.ptr[core::kPwX]);
+  const T* Y = static_cast<const T*>(p.ptr[core::kPwY]);
+  const T* Z = static_cast<const T*>(p.ptr[core::kPwZ]);
+  const T* W = static_cast<const T*>(p.ptr[core::kPwW]);
+  T* GX = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGX]));
+  T* GY = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGY]));
+  T* GZ = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGZ]));
+  const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
+  const Acc gscale = static_cast<Acc>(p.grad_scale);
+  const bool want_loss = !p.backward && (p.loss_rows != nullptr || p.tile_loss != nullptr);
+  Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
+
+  // A vector (or stride-0 broadcast) of operand v at element offset `off`.
+  auto vload = [&](const T* base, int v, std::int64_t off) -> V {
+    return s[v] == 0 ? hn::Set(d, ToAcc<Acc>(base[off])) : LoadAcc(d, base + off);
+  };
+
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::int64_t row = t / p.tiles_per_row;
+    const std::int64_t i0 = (t % p.tiles_per_row) * p.tile;
+    const std::int64_t i1 = std::min(p.inner, i0 + p.tile);
+    const Offsets o = RowOffsets(p, row, i0);
+    V vl = hn::Zero(d), vw = hn::Zero(d);
+    double tl = 0, tw = 0;
+    std::int64_t i = i0;
+    if (vec_ok) {
+      for (; i + N <= i1; i += N) {
+        const std::int64_t j = i - i0;
+        const V x = vload(X, core::kPwX, o.v[core::kPwX] + j * s[core::kPwX]);
+        const V y = vload(Y, core::kPwY, o.v[core::kPwY] + j * s[core::kPwY]);
+        const V z = Z != nullptr ? vload(Z, core::kPwZ, o.v[core::kPwZ] + j * s[core::kPwZ]) : hn::Zero(d);
+        const V w = W != nullptr ? vload(W, core::kPwW, o.v[core::kPwW] + j * s[core::kPwW]) : hn::Set(d, Acc(1));
+        if (!p.backward) {
+          if (W != nullptr) vw = hn::Add(vw, w);
+          if (!want_loss) continue;
+          V l = Loss::value(vo, k, x, y, z);
+          if (W != nullptr) l = hn::Mul(l, w);
+          if (loss_rows != nullptr) {
+            hn::StoreU(l, d, loss_rows + row * p.inner + i);
+          } else {
+            vl = hn::Add(vl, l);
+          }
+          continue;
+        }
+        V g = hn::Mul(w, hn::Set(d, gscale));
+        if (GO != nullptr) {
+          g = hn::Mul(g, s[core::kPwGO] == 0 ? hn::Set(d, GO[o.v[core::kPwGO]])
+                                             : hn::LoadU(d, GO + o.v[core::kPwGO] + j));
+        }
+        V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
+        Loss::grad(vo, k, x, y, z, g, dx, dy, dz);
+        if (GX != nullptr) StoreAcc(d, dx, GX + o.v[core::kPwGX] + j);
+        if (GY != nullptr) StoreAcc(d, dy, GY + o.v[core::kPwGY] + j);
+        if (GZ != nullptr) StoreAcc(d, dz, GZ + o.v[core::kPwGZ] + j);
+      }
+    }
+    for (; i < i1; ++i) {
+      const std::int64_t j = i - i0;
+      const Acc x = ToAcc<Acc>(X[o.v[core::kPwX] + j * s[core::kPwX]]);
+      const Acc y = ToAcc<Acc>(Y[o.v[core::kPwY] + j * s[core::kPwY]]);
+      const Acc z = Z != nullptr ? ToAcc<Acc>(Z[o.v[core::kPwZ] + j * s[core::kPwZ]]) : Acc(0);
+      const Acc w = W != nullptr ? ToAcc<Acc>(W[o.v[core::kPwW] + j * s[core::kPwW]]) : Acc(1);
+      if (!p.backward) {
+        tw += static_cast<double>(w);
+        if (!want_loss) continue;
+        Acc l = Loss::value(so, k, x, y, z);
+        if (W != nullptr) l *= w;
+        if (loss_rows != nullptr) {
+          loss_rows[row * p.inner + i] = l;
+        } else {
+          tl += static_cast<double>(l);
+        }
+        continue;
+      }
+      Acc g = w * gscale;
+      if (GO != nullptr) g *= GO[o.v[core::kPwGO] + j * s[core::kPwGO]];
+      Acc dx = 0, dy = 0, dz = 0;
+      Loss::grad(so, k, x, y, z, g, dx, dy, dz);
+      if (GX != nullptr) GX[o.v[core::kPwGX] + j * s[core::kPwGX]] = FromAcc<T>(dx);
+      if (GY != nullptr) GY[o.v[core::kPwGY] + j * s[core::kPwGY]] = FromAcc<T>(dy);
+      if (GZ != nullptr) GZ[o.v[core::kPwGZ] + j * s[core::kPwGZ]] = FromAcc<T>(dz);
+    }
+    if (p.tile_loss != nullptr) p.tile_loss[t] = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, vl))) + tl;
+    if (p.tile_weight != nullptr) p.tile_weight[t] = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, vw))) + tw;
+  }
+}
+
+template <class Loss>
+void TilesFor(const PwParams& p, std::int64_t t0, std::int64_t t1) {
+  switch (p.dtype) {
+    case DType::f32: return Tiles<Loss, float, float>(p, t0, t1);
+    case DType::f64: return Tiles<Loss, double, double>(p, t0, t1);
+    case DType::bf16: return Tiles<Loss, hwy::bfloat16_t, float>(p, t0, t1);
+    case DType::f16: return Tiles<Loss, hwy::float16_t, float>(p, t0, t1);
+    default: return;
+  }
+}
+
+// The one switch point: the loss kind and dtype become template parameters.
+void PointwiseTiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
+  switch (p.kind) {
+    case core::PwKind::mse: return TilesFor<lm::MseLoss>(p, t0, t1);
+    case core::PwKind::l1: return TilesFor<lm::L1Loss>(p, t0, t1);
+    case core::PwKind::smooth_l1: return TilesFor<lm::SmoothL1Loss>(p, t0, t1);
+    case core::PwKind::huber: return TilesFor<lm::HuberLoss>(p, t0, t1);
+  }
+}
+
+}  // namespace lossfuse::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "cpu/kernels.hpp"
+#include "lossfuse/parallel.hpp"
+
+namespace lossfuse::cpu {
+
+HWY_EXPORT(PointwiseTiles);
+
+void pointwise_run(const core::PwParams& p) {
+  const std::int64_t tiles = p.rows * p.tiles_per_row;
+  const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, std::min(p.inner, p.tile)));
+  parallel_for(0, tiles, grain, [&p](std::int64_t t0, std::int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(PointwiseTiles)(p, t0, t1);
+  });
+}
+
+}  // namespace lossfuse::cpu
+#endif  // HWY_ONCE

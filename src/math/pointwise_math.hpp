@@ -1,0 +1,52 @@
+// lossfuse math: elementwise losses, value and gradient, shared by every backend.
+//
+// Each loss is a struct with two static templates over an "ops" policy O that supplies the arithmetic for a
+// value type V: ScalarOps below (host and device, one element) or the SIMD ops of the CPU kernels
+// (src/cpu/pointwise.cpp, a vector of lanes). The formulas are written once.
+//   value(o, k, x, y, z)            -> loss of one element (x: input, y: target, z: third operand or unused)
+//   grad(o, k, x, y, z, g, dx, dy, dz)  with g the upstream gradient (weight and 1/denominator folded in)
+// k holds the loss's constants (beta, delta, margin, eps). The valid range and error of each loss are those of
+// the ops' log/exp (ScalarOps: the C library's, <= 1 ulp) plus a few roundings; formulas avoid cancellation
+// where PyTorch does (see each loss).
+#pragma once
+
+#include <cmath>
+
+#include "math/host_device.hpp"
+
+namespace lossfuse::math {
+
+template <class Acc>
+struct PwConsts {
+  Acc a = 0;  // smooth_l1: beta; huber: delta
+  Acc b = 0;
+};
+
+template <class Acc>
+struct ScalarOps {
+  using V = Acc;
+  using M = bool;
+  LF_HOST_DEVICE V set(Acc v) const { return v; }
+  LF_HOST_DEVICE V add(V a, V b) const { return a + b; }
+  LF_HOST_DEVICE V sub(V a, V b) const { return a - b; }
+  LF_HOST_DEVICE V mul(V a, V b) const { return a * b; }
+  LF_HOST_DEVICE V div(V a, V b) const { return a / b; }
+  LF_HOST_DEVICE V neg(V a) const { return -a; }
+  LF_HOST_DEVICE V abs(V a) const { return std::fabs(a); }
+  LF_HOST_DEVICE V min(V a, V b) const { return a < b ? a : b; }
+  LF_HOST_DEVICE V max(V a, V b) const { return a > b ? a : b; }
+  LF_HOST_DEVICE V sqrt(V a) const { return std::sqrt(a); }
+  LF_HOST_DEVICE V log(V a) const { return std::log(a); }
+  LF_HOST_DEVICE V log1p(V a) const { return std::log1p(a); }
+  LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
+  LF_HOST_DEVICE M lt(V a, V b) const { return a < b; }
+  LF_HOST_DEVICE M le(V a, V b) const { return a <= b; }
+  LF_HOST_DEVICE M eq(V a, V b) const { return a == b; }
+  LF_HOST_DEVICE V select(M m, V a, V b) const { return m ? a : b; }
+  // sign(a) in {-1, 0, 1}; 0 for a == 0 (and NaN stays NaN through the callers' products)
+  LF_HOST_DEVICE V sign(V a) const { return a > V(0) ? V(1) : (a < V(0) ? V(-1) : V(0)); }
+};
+
+#include "math/pointwise_losses.inc"  // NOLINT(bugprone-suspicious-include)
+
+}  // namespace lossfuse::math
