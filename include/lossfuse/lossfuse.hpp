@@ -3,9 +3,11 @@
 
 #include "lossfuse/catalog.hpp"
 #include "lossfuse/cross_entropy.hpp"
+#include "lossfuse/ctc.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/loss_kind.hpp"
+#include "lossfuse/margin.hpp"
 #include "lossfuse/nll.hpp"
 #include "lossfuse/parallel.hpp"
 #include "lossfuse/pointwise.hpp"

@@ -1,4 +1,4 @@
-// The op catalog: what really exists. Each kernel family adds its entries here when it lands.
+// The op catalog: what really exists. Each loss family adds one line to kFamilies when its kernels land.
 #include "lossfuse/catalog.hpp"
 
 #include <algorithm>
@@ -8,19 +8,38 @@
 namespace lossfuse {
 namespace {
 
-constexpr std::size_t kCeEntries = std::size(kFloatDTypes) * 3;
-constexpr std::size_t kNllEntries = std::size(kFloatDTypes) * 2;
+struct Family {
+  LossKind kind;
+  bool fused;  // also a forward_backward entry
+};
 
-constexpr std::array<OpEntry, kCeEntries + kNllEntries> make_entries() {
-  std::array<OpEntry, kCeEntries + kNllEntries> e{};
+// CPU kernels, each in float32, float64, float16 and bfloat16, forward and backward.
+constexpr Family kFamilies[] = {
+    {LossKind::cross_entropy, true}, {LossKind::nll, false},       {LossKind::ctc, false},
+    {LossKind::mse, false},          {LossKind::l1, false},        {LossKind::smooth_l1, false},
+    {LossKind::huber, false},
+    {LossKind::bce, false},          {LossKind::bce_with_logits, false}, {LossKind::kl_div, false},
+    {LossKind::poisson_nll, false},  {LossKind::gaussian_nll, false},    {LossKind::hinge_embedding, false},
+    {LossKind::margin_ranking, false},
+    {LossKind::triplet_margin, false}, {LossKind::cosine_embedding, false}, {LossKind::multi_margin, false},
+    {LossKind::multilabel_margin, false}, {LossKind::multilabel_soft_margin, false},
+};
+
+constexpr std::size_t count_entries() {
+  std::size_t n = 0;
+  for (const Family& f : kFamilies) n += std::size(kFloatDTypes) * (f.fused ? 3 : 2);
+  return n;
+}
+
+constexpr std::array<OpEntry, count_entries()> make_entries() {
+  std::array<OpEntry, count_entries()> e{};
   std::size_t i = 0;
-  for (DType t : kFloatDTypes) {
-    for (Direction d : {Direction::forward, Direction::backward, Direction::forward_backward}) {
-      e[i++] = {LossKind::cross_entropy, t, Device::cpu, d};
+  for (const Family& f : kFamilies) {
+    for (DType t : kFloatDTypes) {
+      e[i++] = {f.kind, t, Device::cpu, Direction::forward};
+      e[i++] = {f.kind, t, Device::cpu, Direction::backward};
+      if (f.fused) e[i++] = {f.kind, t, Device::cpu, Direction::forward_backward};
     }
-  }
-  for (DType t : kFloatDTypes) {
-    for (Direction d : {Direction::forward, Direction::backward}) e[i++] = {LossKind::nll, t, Device::cpu, d};
   }
   return e;
 }

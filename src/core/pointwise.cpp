@@ -3,6 +3,7 @@
 #include "lossfuse/pointwise.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "core/class_problem.hpp"
 #include "core/pointwise_params.hpp"
 #include "cpu/kernels.hpp"
+#include "math/half.hpp"
 
 namespace lossfuse {
 namespace {
@@ -20,15 +22,34 @@ using core::PwParams;
 // How 'mean' divides: by the element count, or (mse, l1 with a weight) by the sum of the weights.
 enum class MeanOver { numel, weight_sum };
 
+// Value checks made before anything is written (scan_values below).
+enum class Scan { none, input_unit_interval, z_nonnegative };
+
 struct PwCall {
   PwKind kind;
   Reduction reduction;
   MeanOver mean_over = MeanOver::numel;
   double a = 0, b = 0;
   const std::optional<TensorView>* weight = nullptr;
+  std::uint8_t flags = 0;
+  const TensorView* z = nullptr;  // third operand (bce_with_logits: pos_weight; gaussian_nll: var; ...)
+  const char* x_name = "input";
+  const char* y_name = "target";
+  const char* z_name = nullptr;
+  bool y_differentiable = true;  // torch differentiates the target
+  bool z_differentiable = false;
+  double mean_denominator = -1;  // >= 0: replaces numel as 'mean' divisor (kl_div batchmean)
+  Scan scan = Scan::none;
+};
+
+// The gradient outputs of one call, in operand order x, y, z, with their argument names.
+struct GradOut {
+  const std::optional<TensorView>* g[3] = {nullptr, nullptr, nullptr};
+  const char* name[3] = {"grad_input", "grad_target", "grad_var"};
 };
 
 void check_output_view(const TensorView& t, std::string_view name) {
+  if (t.numel() == 0) return;  // nothing is written, so nothing can be written twice
   for (int i = 0; i < t.ndim; ++i) {
     if (t.strides[i] == 0 && t.shape[i] > 1) {
       throw Error(ErrorCode::bad_pointer, std::string(name), "a view without repeated elements",
@@ -37,22 +58,62 @@ void check_output_view(const TensorView& t, std::string_view name) {
   }
 }
 
+double read_float(const void* base, DType t, std::int64_t off) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[off];
+    case DType::f64: return static_cast<const double*>(base)[off];
+    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[off]);
+    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[off]);
+    default: return 0;
+  }
+}
+
+// Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
+// with its position and value.
+template <class Ok>
+void scan_values(const TensorView& t, const char* name, const char* expected, Ok ok) {
+  const std::int64_t n = t.numel();
+  std::int64_t coords[kMaxDims] = {};
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t off = 0;
+    for (int k = 0; k < t.ndim; ++k) off += coords[k] * t.strides[k];
+    const double v = read_float(t.data, t.dtype, off);
+    if (!ok(v)) {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.9g", v);
+      std::string pos = "[";
+      for (int k = 0; k < t.ndim; ++k) pos += (k ? ", " : "") + std::to_string(coords[k]);
+      throw Error(ErrorCode::invalid_value, name, expected, std::string(buf) + " at position " + pos + "]");
+    }
+    for (int k = t.ndim - 1; k >= 0; --k) {
+      if (++coords[k] < t.shape[k]) break;
+      coords[k] = 0;
+    }
+  }
+}
+
 void run(const PwCall& c, const TensorView& x, const TensorView& y, const TensorView* loss,
-         const std::optional<TensorView>& grad_loss, const PointwiseGrads* grads) {
+         const std::optional<TensorView>& grad_loss, const GradOut* grads) {
   core::check_reduction(c.reduction);
-  core::check_view(x, "input");
-  core::check_floating(x, "input");
-  core::check_view(y, "target");
-  core::check_dtype(y, "target", x.dtype);
-  core::check_shape(y, "target", x.shape.data(), x.ndim);
+  core::check_view(x, c.x_name);
+  core::check_floating(x, c.x_name);
+  core::check_view(y, c.y_name);
+  core::check_dtype(y, c.y_name, x.dtype);
+  core::check_shape(y, c.y_name, x.shape.data(), x.ndim);
   const DType acc = accumulate_dtype(x.dtype);
-  std::vector<core::NamedView> read = {{"input", &x}, {"target", &y}}, written;
+  std::vector<core::NamedView> read = {{c.x_name, &x}, {c.y_name, &y}}, written;
   const TensorView* w = (c.weight != nullptr && *c.weight) ? &**c.weight : nullptr;
   if (w != nullptr) {
     core::check_view(*w, "weight");
     core::check_dtype(*w, "weight", x.dtype);
     core::check_shape(*w, "weight", x.shape.data(), x.ndim);
     read.push_back({"weight", w});
+  }
+  if (c.z != nullptr) {
+    core::check_view(*c.z, c.z_name);
+    core::check_dtype(*c.z, c.z_name, x.dtype);
+    core::check_shape(*c.z, c.z_name, x.shape.data(), x.ndim);
+    read.push_back({c.z_name, c.z});
   }
   if (loss != nullptr) {
     core::check_view(*loss, "loss");
@@ -68,8 +129,17 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
       core::check_reduced_shape(*grad_loss, "grad_loss", c.reduction, x.shape.data(), x.ndim);
       read.push_back({"grad_loss", &*grad_loss});
     }
-    for (const auto& [g, name] : {std::pair{&grads->input, "grad_input"}, std::pair{&grads->target, "grad_target"}}) {
-      if (!*g) continue;
+    const bool differentiable[3] = {true, c.y_differentiable, c.z != nullptr && c.z_differentiable};
+    for (int v = 0; v < 3; ++v) {
+      const std::optional<TensorView>* g = grads->g[v];
+      if (g == nullptr || !*g) continue;
+      const char* name = grads->name[v];
+      if (!differentiable[v]) {
+        const char* operand = v == 1 ? c.y_name : (c.z_name != nullptr ? c.z_name : "a third operand");
+        throw Error(ErrorCode::invalid_value, name,
+                    std::string("absent: this loss has no gradient for ") + operand + " (torch gives none)",
+                    "a gradient view");
+      }
       core::check_view(**g, name);
       core::check_dtype(**g, name, x.dtype);
       core::check_shape(**g, name, x.shape.data(), x.ndim);
@@ -78,6 +148,13 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     }
   }
   core::check_disjoint(written, read);
+  // Value checks last: they read every element, and no write happens before they pass.
+  if (c.scan == Scan::input_unit_interval) {
+    scan_values(x, c.x_name, "every element in [0, 1]", [](double v) { return v >= 0 && v <= 1; });
+  } else if (c.scan == Scan::z_nonnegative) {
+    // NaN passes, as torch's any(var < 0).
+    scan_values(*c.z, c.z_name, "every element >= 0", [](double v) { return !(v < 0); });
+  }
 
   PwParams p;
   p.kind = c.kind;
@@ -85,6 +162,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   p.dtype = x.dtype;
   p.a = c.a;
   p.b = c.b;
+  p.flags = c.flags;
   // A 0-d problem is one row of one element.
   p.ndim = x.ndim > 0 ? x.ndim : 1;
   for (int i = 0; i < p.ndim; ++i) p.shape[i] = x.ndim > 0 ? x.shape[i] : 1;
@@ -95,10 +173,12 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   };
   set_view(core::kPwX, &x);
   set_view(core::kPwY, &y);
+  set_view(core::kPwZ, c.z);
   set_view(core::kPwW, w);
   if (grads != nullptr) {
-    if (grads->input) set_view(core::kPwGX, &*grads->input);
-    if (grads->target) set_view(core::kPwGY, &*grads->target);
+    for (int v = 0; v < 3; ++v) {
+      if (grads->g[v] != nullptr && *grads->g[v]) set_view(core::kPwGX + v, &**grads->g[v]);
+    }
     if (grad_loss && c.reduction == Reduction::none) set_view(core::kPwGO, &*grad_loss);
   }
   p.numel = x.numel();
@@ -111,7 +191,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   // 'mean' denominators: numel, or the sum of the weights (taken by the kernel's own pass when needed).
   std::vector<double> tile_loss, tile_weight;
   const bool weight_mean = c.reduction == Reduction::mean && c.mean_over == MeanOver::weight_sum && w != nullptr;
-  double denominator = static_cast<double>(p.numel);
+  double denominator = c.mean_denominator >= 0 ? c.mean_denominator : static_cast<double>(p.numel);
   if (weight_mean) {
     tile_weight.assign(static_cast<std::size_t>(tiles), 0.0);
     p.tile_weight = tile_weight.data();
@@ -151,6 +231,14 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   }
 }
 
+GradOut grads_of(const PointwiseGrads& g) {
+  GradOut o;
+  o.g[0] = &g.input;
+  o.g[1] = &g.target;
+  o.g[2] = &g.var;
+  return o;
+}
+
 }  // namespace
 
 void mse_forward(const TensorView& input, const TensorView& target, const MseOptions& o, const TensorView& loss) {
@@ -158,7 +246,8 @@ void mse_forward(const TensorView& input, const TensorView& target, const MseOpt
 }
 void mse_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                   const MseOptions& o, const PointwiseGrads& grads) {
-  run({PwKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &grads);
+  const GradOut go = grads_of(grads);
+  run({PwKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
 }
 
 void l1_forward(const TensorView& input, const TensorView& target, const L1Options& o, const TensorView& loss) {
@@ -166,7 +255,8 @@ void l1_forward(const TensorView& input, const TensorView& target, const L1Optio
 }
 void l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                  const L1Options& o, const PointwiseGrads& grads) {
-  run({PwKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &grads);
+  const GradOut go = grads_of(grads);
+  run({PwKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
 }
 
 namespace {
@@ -190,9 +280,9 @@ void smooth_l1_forward(const TensorView& input, const TensorView& target, const 
 }
 void smooth_l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                         const SmoothL1Options& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
   check_beta(o.beta);
-  run({PwKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, nullptr, grad_loss,
-      &grads);
+  run({PwKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, nullptr, grad_loss, &go);
 }
 
 void huber_forward(const TensorView& input, const TensorView& target, const HuberOptions& o, const TensorView& loss) {
@@ -202,8 +292,156 @@ void huber_forward(const TensorView& input, const TensorView& target, const Hube
 }
 void huber_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                     const HuberOptions& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
   check_delta(o.delta);
-  run({PwKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, nullptr, grad_loss, &grads);
+  run({PwKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+}
+
+namespace {
+void check_finite(double v, const char* name) {
+  if (!std::isfinite(v)) throw Error(ErrorCode::invalid_value, name, "a finite value", std::to_string(v));
+}
+PwCall bce_call(const BceOptions& o) {
+  // torch's EPSILON is the float 1e-12 (9.99999996e-13) for every dtype: a float64 gradient at x = 0 or 1 is
+  // (x - y) / 9.99999996e-13 there (checked against torch 2.15).
+  PwCall c{PwKind::bce, o.reduction, MeanOver::numel, static_cast<double>(1e-12f), 0, &o.weight};
+  c.scan = Scan::input_unit_interval;
+  return c;
+}
+PwCall bce_logits_call(const BceWithLogitsOptions& o) {
+  PwCall c{PwKind::bce_with_logits, o.reduction, MeanOver::numel, 0, 0, &o.weight};
+  if (o.pos_weight) {
+    c.z = &*o.pos_weight;
+    c.z_name = "pos_weight";
+    c.flags = core::kPwPosWeight;
+  }
+  return c;
+}
+PwCall kl_call(const KlDivOptions& o, const TensorView& input) {
+  if (o.batchmean && o.reduction != Reduction::mean) {
+    throw Error(ErrorCode::invalid_value, "batchmean", "false unless reduction is mean ('batchmean' is a mean)",
+                std::string("true with reduction ") + std::string(reduction_name(o.reduction)));
+  }
+  PwCall c{PwKind::kl_div, o.reduction, MeanOver::numel, 0, 0, nullptr};
+  c.flags = o.log_target ? core::kPwLogTarget : 0;
+  // torch's 'batchmean': sum / input.size(0); a 0-d input is not divided. An input with size(0) == 0 gives
+  // 0 / 0 = nan, as torch.
+  if (o.batchmean && input.ndim >= 0 && input.ndim <= kMaxDims) {
+    c.mean_denominator = input.ndim > 0 ? static_cast<double>(input.shape[0]) : 1.0;
+  }
+  return c;
+}
+PwCall poisson_call(const PoissonNllOptions& o) {
+  check_finite(o.eps, "eps");
+  PwCall c{PwKind::poisson_nll, o.reduction, MeanOver::numel, o.eps, 6.283185307179586, nullptr};  // 2 pi
+  c.flags = static_cast<std::uint8_t>((o.log_input ? core::kPwLogInput : 0) | (o.full ? core::kPwFull : 0));
+  return c;
+}
+PwCall gaussian_call(const GaussianNllOptions& o, const TensorView& var) {
+  check_finite(o.eps, "eps");
+  // full adds the constant 0.5 log(2 pi).
+  PwCall c{PwKind::gaussian_nll, o.reduction, MeanOver::numel, o.eps, o.full ? 0.91893853320467274178 : 0.0, nullptr};
+  c.z = &var;
+  c.z_name = "var";
+  c.z_differentiable = true;
+  c.scan = Scan::z_nonnegative;
+  return c;
+}
+PwCall hinge_call(const HingeEmbeddingOptions& o) {
+  check_finite(o.margin, "margin");
+  PwCall c{PwKind::hinge_embedding, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
+  c.y_differentiable = false;
+  return c;
+}
+PwCall ranking_call(const MarginRankingOptions& o, const TensorView& target) {
+  check_finite(o.margin, "margin");
+  PwCall c{PwKind::margin_ranking, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
+  // x = input1, y = input2, z = target
+  c.x_name = "input1";
+  c.y_name = "input2";
+  c.z = &target;
+  c.z_name = "target";
+  c.z_differentiable = true;
+  return c;
+}
+}  // namespace
+
+void bce_forward(const TensorView& input, const TensorView& target, const BceOptions& o, const TensorView& loss) {
+  run(bce_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void bce_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                  const BceOptions& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(bce_call(o), input, target, nullptr, grad_loss, &go);
+}
+
+void bce_with_logits_forward(const TensorView& input, const TensorView& target, const BceWithLogitsOptions& o,
+                             const TensorView& loss) {
+  run(bce_logits_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void bce_with_logits_backward(const TensorView& input, const TensorView& target,
+                              const std::optional<TensorView>& grad_loss, const BceWithLogitsOptions& o,
+                              const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(bce_logits_call(o), input, target, nullptr, grad_loss, &go);
+}
+
+void kl_div_forward(const TensorView& input, const TensorView& target, const KlDivOptions& o, const TensorView& loss) {
+  run(kl_call(o, input), input, target, &loss, std::nullopt, nullptr);
+}
+void kl_div_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                     const KlDivOptions& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(kl_call(o, input), input, target, nullptr, grad_loss, &go);
+}
+
+void poisson_nll_forward(const TensorView& input, const TensorView& target, const PoissonNllOptions& o,
+                         const TensorView& loss) {
+  run(poisson_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void poisson_nll_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                          const PoissonNllOptions& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(poisson_call(o), input, target, nullptr, grad_loss, &go);
+}
+
+void gaussian_nll_forward(const TensorView& input, const TensorView& target, const TensorView& var,
+                          const GaussianNllOptions& o, const TensorView& loss) {
+  run(gaussian_call(o, var), input, target, &loss, std::nullopt, nullptr);
+}
+void gaussian_nll_backward(const TensorView& input, const TensorView& target, const TensorView& var,
+                           const std::optional<TensorView>& grad_loss, const GaussianNllOptions& o,
+                           const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(gaussian_call(o, var), input, target, nullptr, grad_loss, &go);
+}
+
+void hinge_embedding_forward(const TensorView& input, const TensorView& target, const HingeEmbeddingOptions& o,
+                             const TensorView& loss) {
+  run(hinge_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void hinge_embedding_backward(const TensorView& input, const TensorView& target,
+                              const std::optional<TensorView>& grad_loss, const HingeEmbeddingOptions& o,
+                              const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(hinge_call(o), input, target, nullptr, grad_loss, &go);
+}
+
+void margin_ranking_forward(const TensorView& input1, const TensorView& input2, const TensorView& target,
+                            const MarginRankingOptions& o, const TensorView& loss) {
+  run(ranking_call(o, target), input1, input2, &loss, std::nullopt, nullptr);
+}
+void margin_ranking_backward(const TensorView& input1, const TensorView& input2, const TensorView& target,
+                             const std::optional<TensorView>& grad_loss, const MarginRankingOptions& o,
+                             const MarginRankingGrads& grads) {
+  GradOut go;
+  go.g[0] = &grads.input1;
+  go.g[1] = &grads.input2;
+  go.g[2] = &grads.target;
+  go.name[0] = "grad_input1";
+  go.name[1] = "grad_input2";
+  go.name[2] = "grad_target";
+  run(ranking_call(o, target), input1, input2, nullptr, grad_loss, &go);
 }
 
 }  // namespace lossfuse

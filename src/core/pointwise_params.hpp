@@ -9,7 +9,27 @@
 
 namespace lossfuse::core {
 
-enum class PwKind : std::uint8_t { mse, l1, smooth_l1, huber };
+enum class PwKind : std::uint8_t {
+  mse,
+  l1,
+  smooth_l1,
+  huber,
+  bce,
+  bce_with_logits,
+  kl_div,
+  poisson_nll,
+  gaussian_nll,
+  hinge_embedding,
+  margin_ranking
+};
+
+// PwParams::flags: the loss's boolean options, turned into template parameters at the kernels' switch point.
+enum PwFlag : std::uint8_t {
+  kPwPosWeight = 1,  // bce_with_logits: z holds pos_weight
+  kPwLogTarget = 1,  // kl_div: log_target
+  kPwLogInput = 1,   // poisson_nll: log_input
+  kPwFull = 2,       // poisson_nll: full
+};
 
 // Views in stride-table order: inputs x (input), y (target), z (third operand), w (weight); gradient outputs
 // gx, gy, gz; go (upstream gradient, reduction none).
@@ -26,6 +46,7 @@ struct PwParams {
   std::int64_t numel = 0, inner = 1, rows = 0;
   std::int64_t tile = 1, tiles_per_row = 1;  // tiles: pieces of at most `tile` elements of one row
   double a = 0, b = 0;                       // the loss's constants (beta, delta, margin, eps)
+  std::uint8_t flags = 0;                    // PwFlag bits
   void* loss_rows = nullptr;                 // reduction none: Acc[numel], contiguous
   double grad_scale = 1;                     // upstream gradient scale (1/denominator folded in for mean)
   double* tile_loss = nullptr;               // reductions: per tile sum of (w) l, in double

@@ -10,10 +10,11 @@ namespace lossfuse::core {
 
 inline constexpr int kMaxViews = 4;
 
-struct RowIndex {
-  int ndim = 0;                                     // number of row dims (0: a single row)
-  std::int64_t sizes[kMaxDims] = {};                // row dims, outermost first
-  std::int64_t strides[kMaxViews][kMaxDims] = {};   // per view, per row dim
+template <int kViews>
+struct RowIndexN {
+  int ndim = 0;                                   // number of row dims (0: a single row)
+  std::int64_t sizes[kMaxDims] = {};              // row dims, outermost first
+  std::int64_t strides[kViews][kMaxDims] = {};    // per view, per row dim
 
   // Element offset of row r in view v.
   [[nodiscard]] std::int64_t offset(int v, std::int64_t r) const noexcept {
@@ -27,8 +28,12 @@ struct RowIndex {
   }
 };
 
+// Four views: logits, target, gradient, upstream gradient (see cross_entropy_params.hpp).
+using RowIndex = RowIndexN<kMaxViews>;
+
 // Row dims and strides of `t` with dim `skip` removed (skip < 0: none removed).
-inline void set_row_view(RowIndex& idx, int v, const TensorView& t, int skip) {
+template <int kViews>
+void set_row_view(RowIndexN<kViews>& idx, int v, const TensorView& t, int skip) {
   int j = 0;
   for (int i = 0; i < t.ndim; ++i) {
     if (i == skip) continue;

@@ -9,48 +9,15 @@
 
 #include "core/targets.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/scalar_io.hpp"
 #include "lossfuse/parallel.hpp"
-#include "math/half.hpp"
 
 namespace lossfuse::cpu {
 namespace {
 
 template <class T>
-struct Scalar;
-template <>
-struct Scalar<float> {
-  using Acc = float;
-  static float load(const float* p) { return *p; }
-  static void store(float* p, float v) { *p = v; }
-};
-template <>
-struct Scalar<double> {
-  using Acc = double;
-  static double load(const double* p) { return *p; }
-  static void store(double* p, double v) { *p = v; }
-};
-struct Bf16 {
-  std::uint16_t bits;
-};
-struct F16 {
-  std::uint16_t bits;
-};
-template <>
-struct Scalar<Bf16> {
-  using Acc = float;
-  static float load(const Bf16* p) { return math::bf16_to_float(p->bits); }
-  static void store(Bf16* p, float v) { p->bits = math::float_to_bf16(v); }
-};
-template <>
-struct Scalar<F16> {
-  using Acc = float;
-  static float load(const F16* p) { return math::f16_to_float(p->bits); }
-  static void store(F16* p, float v) { p->bits = math::float_to_f16(v); }
-};
-
-template <class T>
 void nll_blocks(const core::CeParams& p, std::int64_t b0, std::int64_t b1) {
-  using Acc = typename Scalar<T>::Acc;
+  using Acc = typename Io<T>::Acc;
   const auto* w = static_cast<const Acc*>(p.weight);
   const auto* in = static_cast<const T*>(p.logits);
   auto* grad = static_cast<T*>(p.grad);
@@ -64,7 +31,7 @@ void nll_blocks(const core::CeParams& p, std::int64_t b0, std::int64_t b1) {
       const Acc w_y = ignored ? Acc(0) : (w != nullptr ? w[y] : Acc(1));
       if (p.mode == core::CeMode::forward) {
         // Ignored rows contribute exactly 0 (never 0 * x, which would turn an inf or NaN input into NaN).
-        const Acc loss = ignored ? Acc(0) : -w_y * Scalar<T>::load(in + p.index.offset(core::kLogitsRow, r) +
+        const Acc loss = ignored ? Acc(0) : -w_y * Io<T>::load(in + p.index.offset(core::kLogitsRow, r) +
                                                                     y * p.x_cstride);
         if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
         block_loss += static_cast<double>(loss);
@@ -74,7 +41,7 @@ void nll_blocks(const core::CeParams& p, std::int64_t b0, std::int64_t b1) {
       if (p.g_cstride == 1) {
         std::memset(static_cast<void*>(g), 0, static_cast<std::size_t>(C) * sizeof(T));
       } else {
-        for (std::int64_t c = 0; c < C; ++c) Scalar<T>::store(g + c * p.g_cstride, Acc(0));
+        for (std::int64_t c = 0; c < C; ++c) Io<T>::store(g + c * p.g_cstride, Acc(0));
       }
       if (ignored) continue;
       Acc gs = static_cast<Acc>(p.grad_scale);
@@ -82,7 +49,7 @@ void nll_blocks(const core::CeParams& p, std::int64_t b0, std::int64_t b1) {
         gs = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
                               p.grad_scale);
       }
-      Scalar<T>::store(g + y * p.g_cstride, -w_y * gs);
+      Io<T>::store(g + y * p.g_cstride, -w_y * gs);
     }
     if (p.block_loss != nullptr) p.block_loss[blk] = block_loss;
   }
@@ -99,13 +66,7 @@ void run(const core::CeParams& p) {
 }  // namespace
 
 void nll_rows(const core::CeParams& p) {
-  switch (p.dtype) {
-    case DType::f32: return run<float>(p);
-    case DType::f64: return run<double>(p);
-    case DType::bf16: return run<Bf16>(p);
-    case DType::f16: return run<F16>(p);
-    default: return;
-  }
+  visit_float_dtype(p.dtype, [&p](auto tag) { run<decltype(tag)>(p); });
 }
 
 }  // namespace lossfuse::cpu

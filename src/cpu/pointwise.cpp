@@ -2,6 +2,8 @@
 //
 // x, y (z, w): the operands, all of one shape, any strides (stride 0 for a broadcast operand); any float dtype
 // gx, gy (gz): gradients of that shape (optional); go: the upstream gradient (reduction none)
+// z: third operand (bce_with_logits: pos_weight, gaussian_nll: var, margin_ranking: target; x, y = input1,
+// input2 there)
 // forward: l = w * f(x, y, z) per element, to a contiguous Acc output (none) or per-tile sums in double
 // backward: (gx, gy, gz) = d f / d(x, y, z) * w * g
 // The formulas are the structs of src/math/pointwise_math.hpp, evaluated here by HwyOps on vectors of lanes along
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/pointwise_params.hpp"
 #include "cpu/hwy_io-inl.h"
@@ -44,18 +47,43 @@ struct HwyOps {
   HWY_INLINE V min(V a, V b) const { return hn::Min(a, b); }
   HWY_INLINE V max(V a, V b) const { return hn::Max(a, b); }
   HWY_INLINE V sqrt(V a) const { return hn::Sqrt(a); }
-  HWY_INLINE V log(V a) const { return hn::Log(d, a); }
-  HWY_INLINE V log1p(V a) const { return hn::Log1p(d, a); }
-  HWY_INLINE V exp(V a) const { return hn::Exp(d, a); }
+  // log, log1p and exp behave as the C library outside Highway's valid ranges, where hwy::Log / Log1p / Exp
+  // give garbage or 0: NaN stays NaN, log(0) = log1p(-1) = -inf, log of a negative (log1p below -1) is NaN,
+  // log(+inf) = exp(+inf) = +inf, exp(-inf) = 0, exp overflows to +inf.
+  HWY_INLINE V Inf() const { return hn::Set(d, std::numeric_limits<T>::infinity()); }
+  HWY_INLINE V NaN() const { return hn::Set(d, std::numeric_limits<T>::quiet_NaN()); }
+  HWY_INLINE V LogEdges(V a, V r) const {  // a: log's argument (log1p's plus one)
+    const V zero = hn::Zero(d);
+    r = hn::IfThenElse(hn::Eq(a, zero), hn::Neg(Inf()), r);
+    r = hn::IfThenElse(hn::Eq(a, Inf()), a, r);
+    return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::Lt(a, zero)), NaN(), r);
+  }
+  HWY_INLINE V log(V a) const {
+    const V safe =
+        hn::IfThenElse(hn::Gt(a, hn::Zero(d)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Set(d, T(1)));
+    return LogEdges(a, hn::Log(d, safe));
+  }
+  HWY_INLINE V log1p(V a) const {
+    const V one = hn::Set(d, T(1));
+    const V safe = hn::IfThenElse(hn::Gt(a, hn::Neg(one)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Zero(d));
+    // log1p(a) for a in (-1, 0) is computed by Highway as log(1 + a) a / ((1 + a) - 1): exact enough there.
+    return LogEdges(hn::Add(a, one), hn::Log1p(d, safe));
+  }
+  HWY_INLINE V exp(V a) const {
+    const T hi = sizeof(T) == 4 ? T(88.72f) : T(709.78);  // below log(max finite)
+    const V r = hn::Exp(d, hn::Min(hn::Max(a, hn::Set(d, hwy::LowestValue<T>())), hn::Set(d, hi)));
+    return hn::IfThenElse(hn::IsNaN(a), a, hn::IfThenElse(hn::Gt(a, hn::Set(d, hi)), Inf(), r));
+  }
+  // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN.
+  HWY_INLINE V softplus(V a) const { return hn::Add(hn::Max(a, hn::Zero(d)), log1p(exp(hn::Neg(hn::Abs(a))))); }
   HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }
   HWY_INLINE M le(V a, V b) const { return hn::Le(a, b); }
   HWY_INLINE M eq(V a, V b) const { return hn::Eq(a, b); }
   HWY_INLINE V select(M m, V a, V b) const { return hn::IfThenElse(m, a, b); }
-  // sign with NaN kept NaN: a * 0 + (a > 0) - (a < 0)
+  // (a > 0) - (a < 0): 0 for 0 and for NaN, as torch.sign and ScalarOps::sign
   HWY_INLINE V sign(V a) const {
     const V one = hn::Set(d, T(1));
-    const V s = hn::Sub(hn::IfThenElseZero(hn::Gt(a, hn::Zero(d)), one), hn::IfThenElseZero(hn::Lt(a, hn::Zero(d)), one));
-    return hn::IfThenElse(hn::IsNaN(a), a, s);
+    return hn::Sub(hn::IfThenElseZero(hn::Gt(a, hn::Zero(d)), one), hn::IfThenElseZero(hn::Lt(a, hn::Zero(d)), one));
   }
 };
 
@@ -64,10 +92,6 @@ namespace lm {
 #include "math/pointwise_losses.inc"  // NOLINT(bugprone-suspicious-include)
 }  // namespace lm
 
-template <class Acc>
-struct ScalarOpsNaN : math::ScalarOps<Acc> {
-  Acc sign(Acc a) const { return a != a ? a : math::ScalarOps<Acc>::sign(a); }
-};
 
 struct Offsets {
   std::int64_t v[core::kPwViews];
@@ -97,7 +121,7 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const HwyOps<decltype(d)> vo{d};
-  const ScalarOpsNaN<Acc> so{};
+  const math::ScalarOps<Acc> so{};
   math::PwConsts<Acc> k{static_cast<Acc>(p.a), static_cast<Acc>(p.b)};
   const int last = p.ndim - 1;
   std::int64_t s[core::kPwViews];
@@ -212,6 +236,23 @@ void PointwiseTiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
     case core::PwKind::l1: return TilesFor<lm::L1Loss>(p, t0, t1);
     case core::PwKind::smooth_l1: return TilesFor<lm::SmoothL1Loss>(p, t0, t1);
     case core::PwKind::huber: return TilesFor<lm::HuberLoss>(p, t0, t1);
+    case core::PwKind::bce: return TilesFor<lm::BceLoss>(p, t0, t1);
+    case core::PwKind::bce_with_logits:
+      return (p.flags & core::kPwPosWeight) != 0 ? TilesFor<lm::BceWithLogitsLoss<true>>(p, t0, t1)
+                                                 : TilesFor<lm::BceWithLogitsLoss<false>>(p, t0, t1);
+    case core::PwKind::kl_div:
+      return (p.flags & core::kPwLogTarget) != 0 ? TilesFor<lm::KlDivLoss<true>>(p, t0, t1)
+                                                 : TilesFor<lm::KlDivLoss<false>>(p, t0, t1);
+    case core::PwKind::poisson_nll:
+      switch (p.flags & (core::kPwLogInput | core::kPwFull)) {
+        case 0: return TilesFor<lm::PoissonNllLoss<false, false>>(p, t0, t1);
+        case core::kPwLogInput: return TilesFor<lm::PoissonNllLoss<true, false>>(p, t0, t1);
+        case core::kPwFull: return TilesFor<lm::PoissonNllLoss<false, true>>(p, t0, t1);
+        default: return TilesFor<lm::PoissonNllLoss<true, true>>(p, t0, t1);
+      }
+    case core::PwKind::gaussian_nll: return TilesFor<lm::GaussianNllLoss>(p, t0, t1);
+    case core::PwKind::hinge_embedding: return TilesFor<lm::HingeEmbeddingLoss>(p, t0, t1);
+    case core::PwKind::margin_ranking: return TilesFor<lm::MarginRankingLoss>(p, t0, t1);
   }
 }
 

@@ -18,8 +18,9 @@ namespace lossfuse::math {
 
 template <class Acc>
 struct PwConsts {
-  Acc a = 0;  // smooth_l1: beta; huber: delta
-  Acc b = 0;
+  Acc a = 0;  // smooth_l1: beta; huber: delta; hinge_embedding, margin_ranking: margin; poisson_nll,
+              // gaussian_nll: eps; bce: 1e-12
+  Acc b = 0;  // gaussian_nll: 0.5 log(2 pi) when full, else 0; poisson_nll: 2 pi
 };
 
 template <class Acc>
@@ -39,11 +40,13 @@ struct ScalarOps {
   LF_HOST_DEVICE V log(V a) const { return std::log(a); }
   LF_HOST_DEVICE V log1p(V a) const { return std::log1p(a); }
   LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
+  // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN, +inf gives inf, -inf 0.
+  LF_HOST_DEVICE V softplus(V a) const { return (a > V(0) ? a : V(0)) + std::log1p(std::exp(-std::fabs(a))); }
   LF_HOST_DEVICE M lt(V a, V b) const { return a < b; }
   LF_HOST_DEVICE M le(V a, V b) const { return a <= b; }
   LF_HOST_DEVICE M eq(V a, V b) const { return a == b; }
   LF_HOST_DEVICE V select(M m, V a, V b) const { return m ? a : b; }
-  // sign(a) in {-1, 0, 1}; 0 for a == 0 (and NaN stays NaN through the callers' products)
+  // sign(a) in {-1, 0, 1}; 0 for a == 0 and for NaN (torch.sign(nan) = 0)
   LF_HOST_DEVICE V sign(V a) const { return a > V(0) ? V(1) : (a < V(0) ? V(-1) : V(0)); }
 };
 

@@ -1,0 +1,83 @@
+// cosine_embedding entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
+#include "core/margin_problem.hpp"
+#include "cpu/margin_kernels.hpp"
+#include "lossfuse/margin.hpp"
+
+namespace lossfuse {
+namespace {
+
+void run(bool backward, const TensorView& x1, const TensorView& x2, const TensorView& target,
+         const CosineEmbeddingOptions& o, const TensorView* loss, const std::optional<TensorView>& grad_loss,
+         const std::optional<TensorView>& g1, const std::optional<TensorView>& g2) {
+  core::check_reduction(o.reduction);
+  core::check_view(x1, "x1");
+  core::check_floating(x1, "x1");
+  core::check_input_ndim(x1, "x1", 1, 2, "shape (N, D) or (D)");
+  core::check_same_as(x2, "x2", x1);
+  core::check_view(target, "target");
+  if (is_floating(target.dtype) && target.dtype != x1.dtype) {
+    throw Error(ErrorCode::dtype_mismatch, "target",
+                "an integer dtype or the inputs' dtype " + std::string(dtype_name(x1.dtype)),
+                std::string(dtype_name(target.dtype)));
+  }
+  // (N, D) inputs take a (N) target, (D) inputs a 0-d one (torch: "0D or 1D target tensor expected")
+  core::check_shape(target, "target", x1.shape.data(), x1.ndim - 1);
+  core::check_margin_option(o.margin, "margin");
+  const DType acc = accumulate_dtype(x1.dtype);
+  const int row_ndim = x1.ndim - 1;
+  std::vector<core::NamedView> written, read = {{"x1", &x1}, {"x2", &x2}, {"target", &target}};
+  if (loss != nullptr) {
+    core::check_margin_loss(*loss, acc, o.reduction, x1.shape.data(), row_ndim);
+    written.push_back({"loss", loss});
+  }
+  if (backward) {
+    core::check_margin_grad_loss(grad_loss, acc, o.reduction, x1.shape.data(), row_ndim);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    if (g1) {
+      core::check_view(*g1, "grad_x1");
+      core::check_dtype(*g1, "grad_x1", x1.dtype);
+      core::check_shape(*g1, "grad_x1", x1.shape.data(), x1.ndim);
+      written.push_back({"grad_x1", &*g1});
+    }
+    if (g2) {
+      core::check_view(*g2, "grad_x2");
+      core::check_dtype(*g2, "grad_x2", x1.dtype);
+      core::check_shape(*g2, "grad_x2", x1.shape.data(), x1.ndim);
+      written.push_back({"grad_x2", &*g2});
+    }
+  }
+  core::check_disjoint(written, read);
+
+  core::MarginParams p;
+  p.backward = backward;
+  core::set_margin_rows(p, x1);
+  p.x[0] = x1.data, p.x[1] = x2.data, p.target = target.data, p.target_dtype = target.dtype;
+  core::set_margin_view(p, core::kMvX0, x1, true);
+  core::set_margin_view(p, core::kMvX1, x2, true);
+  core::set_margin_view(p, core::kMvTarget, target, false);
+  p.margin = o.margin;
+  if (!backward) {
+    core::run_margin_forward(p, *loss, o.reduction, cpu::cosine_embedding_rows);
+    return;
+  }
+  if (g1) p.grad[0] = g1->data, core::set_margin_view(p, core::kMvG0, *g1, true);
+  if (g2) p.grad[1] = g2->data, core::set_margin_view(p, core::kMvG1, *g2, true);
+  if (!g1 && !g2) return;
+  core::set_margin_grad_scale(p, o.reduction, grad_loss);
+  cpu::cosine_embedding_rows(p);
+}
+
+}  // namespace
+
+void cosine_embedding_forward(const TensorView& x1, const TensorView& x2, const TensorView& target,
+                              const CosineEmbeddingOptions& options, const TensorView& loss) {
+  run(false, x1, x2, target, options, &loss, std::nullopt, std::nullopt, std::nullopt);
+}
+
+void cosine_embedding_backward(const TensorView& x1, const TensorView& x2, const TensorView& target,
+                               const std::optional<TensorView>& grad_loss, const CosineEmbeddingOptions& options,
+                               const std::optional<TensorView>& grad_x1, const std::optional<TensorView>& grad_x2) {
+  run(true, x1, x2, target, options, nullptr, grad_loss, grad_x1, grad_x2);
+}
+
+}  // namespace lossfuse

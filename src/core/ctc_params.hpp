@@ -1,0 +1,52 @@
+// The plain parameter struct the core fills after checking and every CTC kernel takes.
+#pragma once
+
+#include <cstdint>
+
+#include "lossfuse/dtype.hpp"
+
+namespace lossfuse::core {
+
+// A scratch row holding n values with 2 leading and >= 2 + 64 trailing elements, so vector loops over
+// [0, n) may read s - 2 .. s + 2 of whole vectors (up to 64 lanes) without bounds.
+constexpr std::int64_t ctc_row_stride(std::int64_t n) { return (n + 4 + 63) / 64 * 64 + 64; }
+constexpr std::int64_t kCtcLRows = 6, kCtcCRows = 4;
+constexpr std::int64_t ctc_scratch_elems(std::int64_t L, std::int64_t C) {
+  return kCtcLRows * ctc_row_stride(L) + kCtcCRows * ctc_row_stride(C);
+}
+
+struct CtcParams {
+  DType dtype = DType::f32;  // log_probs and grad; Acc = double for f64, else float
+  std::int64_t T = 0, N = 0, C = 0;
+  std::int64_t L = 1;  // row length of the alpha workspace: 2 * S_max + 1
+
+  const void* log_probs = nullptr;  // (T, N, C), element strides lp_st, lp_sn, lp_sc
+  std::int64_t lp_st = 0, lp_sn = 0, lp_sc = 0;
+
+  const void* targets = nullptr;  // any integer dtype, read as stored
+  DType target_dtype = DType::i64;
+  const std::int64_t* target_offset = nullptr;   // (N): element offset of sample b's first label
+  std::int64_t target_stride = 1;                // element stride between consecutive labels
+  const std::int64_t* input_lengths = nullptr;   // (N), checked: 0 <= il <= T
+  const std::int64_t* target_lengths = nullptr;  // (N), checked: 0 <= tl, 2 tl + 1 <= L
+  std::int64_t blank = 0;
+  bool zero_infinity = false;
+
+  // Acc (T, N, L) contiguous: written by the forward when set; the backward reads it, and computes it first
+  // unless alpha_ready.
+  void* log_alpha = nullptr;
+  bool alpha_ready = false;
+  // Per-sample scratch, allocated by the core so kernels never allocate: Acc[ctc_scratch_elems(L, C)] at
+  // b * ctc_scratch_elems(L, C) (padded rows for whole-vector loops) and int64[L] at b * L (the extended
+  // label sequence l').
+  void* scratch = nullptr;
+  std::int64_t* label_scratch = nullptr;
+
+  double* nll = nullptr;  // (N): -log p, written by the forward (and by the backward when set)
+
+  void* grad = nullptr;  // backward: like log_probs, strides g_st, g_sn, g_sc
+  std::int64_t g_st = 0, g_sn = 0, g_sc = 0;
+  const double* grad_scale = nullptr;  // (N): upstream gradient of loss_b (mean's divisor folded in)
+};
+
+}  // namespace lossfuse::core

@@ -1,0 +1,138 @@
+// The plain parameter struct the margin-loss kernels take (include/lossfuse/margin.hpp), and the checks and
+// layout helpers the five core entries share. Every loss here works on rows over the last dim: up to three
+// floating inputs of shape (rows..., D), an optional target (per row or per element), gradients of the
+// inputs' shapes and a per-row or reduced loss.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/row_index.hpp"
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/class_problem.hpp"
+#include "lossfuse/error.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::core {
+
+// The views a margin kernel addresses per row.
+enum MarginView : int { kMvX0, kMvX1, kMvX2, kMvTarget, kMvG0, kMvG1, kMvG2, kMvGradLoss, kMarginViews };
+
+using MarginIndex = RowIndexN<kMarginViews>;
+
+struct MarginParams {
+  bool backward = false;
+  DType dtype = DType::f32;               // the floating inputs and gradients
+  DType target_dtype = DType::i64;        // integer class targets, or the input dtype for float targets
+  std::int64_t rows = 0, D = 0;           // D: the last dim (features or classes)
+  std::int64_t rows_per_block = 1;        // fixed by the problem: the reduction order does not depend on threads
+  const void* x[3] = {};                  // inputs (rows, D)
+  const void* target = nullptr;           // per row or (rows, D)
+  void* grad[3] = {};                     // gradient outputs (rows, D); null: not wanted
+  std::int64_t inner[kMarginViews] = {};  // stride of the last dim per view
+  MarginIndex index;
+  void* loss_rows = nullptr;        // 'none': Acc (rows), contiguous
+  double* block_loss = nullptr;     // 'mean'/'sum': one partial sum per block
+  const void* grad_loss = nullptr;  // 'none': Acc per row through kMvGradLoss; else null and grad_scale
+  double grad_scale = 1.0;
+  const void* weight = nullptr;  // Acc (D) class weights or null
+  double margin = 0, p = 2, eps = 0;
+  bool swap = false;
+};
+
+// Row dims of t (all dims when !has_last, else all but the last) into view v; the last dim's stride to inner.
+inline void set_margin_view(MarginParams& p, int v, const TensorView& t, bool has_last) {
+  const int nd = has_last ? t.ndim - 1 : t.ndim;
+  for (int i = 0; i < nd && i < p.index.ndim; ++i) p.index.strides[v][i] = t.shape[i] == 1 ? 0 : t.strides[i];
+  if (has_last && t.ndim >= 1) p.inner[v] = t.strides[t.ndim - 1];
+}
+
+// Row layout from the main input (..., D): row dims, rows, D, block size.
+inline void set_margin_rows(MarginParams& p, const TensorView& x0) {
+  p.dtype = x0.dtype;
+  p.index.ndim = x0.ndim - 1;
+  p.rows = 1;
+  for (int i = 0; i + 1 < x0.ndim; ++i) {
+    p.index.sizes[i] = x0.shape[i];
+    p.rows *= x0.shape[i];
+  }
+  p.D = x0.ndim >= 1 ? x0.shape[x0.ndim - 1] : 1;
+  // Heavy rows get a block each; light rows are grouped so a block is ~4K elements.
+  p.rows_per_block = p.D >= 4096 ? 1 : (4096 + p.D - 1) / std::max<std::int64_t>(p.D, 1);
+}
+
+// The loss output: Acc dtype, contiguous, row shape for 'none' else one element.
+inline void check_margin_loss(const TensorView& loss, DType acc, Reduction r, const std::int64_t* row_shape,
+                              int row_ndim) {
+  check_view(loss, "loss");
+  check_dtype(loss, "loss", acc);
+  check_reduced_shape(loss, "loss", r, row_shape, row_ndim);
+  check_contiguous(loss, "loss");
+}
+
+inline void check_margin_grad_loss(const std::optional<TensorView>& grad_loss, DType acc, Reduction r,
+                                   const std::int64_t* row_shape, int row_ndim) {
+  if (!grad_loss) return;
+  check_view(*grad_loss, "grad_loss");
+  check_dtype(*grad_loss, "grad_loss", acc);
+  check_reduced_shape(*grad_loss, "grad_loss", r, row_shape, row_ndim);
+}
+
+// A floating input with the dtype and shape of `ref` (named ref_name in the message).
+inline void check_same_as(const TensorView& t, std::string_view name, const TensorView& ref) {
+  check_view(t, name);
+  check_floating(t, name);
+  check_dtype(t, name, ref.dtype);
+  check_shape(t, name, ref.shape.data(), ref.ndim);
+}
+
+inline void check_input_ndim(const TensorView& t, std::string_view name, int lo, int hi, std::string_view what) {
+  if (t.ndim < lo || t.ndim > hi) {
+    throw Error(ErrorCode::shape_mismatch, std::string(name), std::string(what),
+                "a " + std::to_string(t.ndim) + "-d tensor of shape " + t.shape_string());
+  }
+}
+
+inline void check_margin_option(double v, std::string_view name) { check_finite_option(v, name); }
+
+// Upstream gradient: per row for 'none', else one scale with 1/rows folded in for 'mean'.
+inline void set_margin_grad_scale(MarginParams& p, Reduction r, const std::optional<TensorView>& grad_loss) {
+  if (r == Reduction::none) {
+    if (grad_loss) {
+      p.grad_loss = grad_loss->data;
+      for (int i = 0; i < grad_loss->ndim && i < p.index.ndim; ++i)
+        p.index.strides[kMvGradLoss][i] = grad_loss->shape[i] == 1 ? 0 : grad_loss->strides[i];
+    }
+    return;
+  }
+  p.grad_scale = 1.0;
+  if (grad_loss) {
+    p.grad_scale = grad_loss->dtype == DType::f64 ? *static_cast<const double*>(grad_loss->data)
+                                                  : static_cast<double>(*static_cast<const float*>(grad_loss->data));
+  }
+  // 'mean' over no rows: the scale is inf but no gradient element exists.
+  if (r == Reduction::mean) p.grad_scale /= static_cast<double>(p.rows);
+}
+
+// Runs `kernel` on p with the loss output wired up, then finishes the reduction (block partials summed in
+// block order; 'mean' divides by rows, so an empty batch gives nan and 'sum' gives 0).
+template <class Kernel>
+void run_margin_forward(MarginParams& p, const TensorView& loss, Reduction r, Kernel kernel) {
+  std::vector<double> blocks;
+  if (r == Reduction::none) {
+    p.loss_rows = loss.data;
+  } else {
+    blocks.assign(static_cast<std::size_t>((p.rows + p.rows_per_block - 1) / p.rows_per_block), 0.0);
+    p.block_loss = blocks.data();
+  }
+  kernel(p);
+  if (r != Reduction::none) write_reduced(loss, blocks, r, static_cast<double>(p.rows));
+}
+
+}  // namespace lossfuse::core

@@ -1,0 +1,105 @@
+// multi_margin entries: checks (every one before any write, targets scanned first), plain params, the CPU
+// kernel, the reduction.
+#include "core/margin_problem.hpp"
+#include "core/targets.hpp"
+#include "cpu/margin_kernels.hpp"
+#include "lossfuse/margin.hpp"
+
+namespace lossfuse {
+namespace {
+
+template <class Acc>
+void run(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
+         const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  const std::int64_t C = input.shape[input.ndim - 1];
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
+  const DType acc = accumulate_dtype(input.dtype);
+  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
+  if (o.weight) read.push_back({"weight", &*o.weight});
+  // the loss rows have the target's shape: (N), () or (1)
+  if (loss != nullptr) {
+    core::check_margin_loss(*loss, acc, o.reduction, target.shape.data(), target.ndim);
+    written.push_back({"loss", loss});
+  }
+  if (backward) {
+    core::check_margin_grad_loss(grad_loss, acc, o.reduction, target.shape.data(), target.ndim);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    if (grad != nullptr) {
+      core::check_grad_output(*grad, "grad_input", input, "input", false);
+      written.push_back({"grad_input", grad});
+    }
+  }
+  core::check_disjoint(written, read);
+
+  core::MarginParams p;
+  p.backward = backward;
+  core::set_margin_rows(p, input);
+  p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
+  core::set_margin_view(p, core::kMvX0, input, true);
+  if (input.ndim == 2) core::set_margin_view(p, core::kMvTarget, target, false);
+  for (std::int64_t r = 0; r < p.rows; ++r) {
+    const std::int64_t t = core::read_target(target.data, target.dtype, p.index.offset(core::kMvTarget, r));
+    if (t < 0 || t >= C) {
+      throw Error(ErrorCode::index_error, "target", "a class index in [0, " + std::to_string(C) + ")",
+                  std::to_string(t) + " at position [" + std::to_string(r) + "]");
+    }
+  }
+  p.weight = weights.empty() ? nullptr : weights.data();
+  p.margin = o.margin, p.p = o.p;
+  if (!backward) {
+    core::run_margin_forward(p, *loss, o.reduction, cpu::multi_margin_rows);
+    return;
+  }
+  if (grad == nullptr) return;  // no gradient asked for: the checks (and the target scan) only
+  p.grad[0] = grad->data;
+  core::set_margin_view(p, core::kMvG0, *grad, true);
+  core::set_margin_grad_scale(p, o.reduction, grad_loss);
+  cpu::multi_margin_rows(p);
+}
+
+void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
+              const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  core::check_reduction(o.reduction);
+  core::check_view(input, "input");
+  core::check_floating(input, "input");
+  core::check_input_ndim(input, "input", 1, 2, "shape (N, C) or (C)");
+  if (input.shape[input.ndim - 1] < 1) {
+    throw Error(ErrorCode::shape_mismatch, "input", "at least one class in the last dim",
+                "shape " + input.shape_string());
+  }
+  core::check_view(target, "target");
+  if (!is_integer(target.dtype)) {
+    throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
+                std::string(dtype_name(target.dtype)));
+  }
+  if (input.ndim == 2) {
+    core::check_shape(target, "target", input.shape.data(), 1);
+  } else if (!(target.ndim == 0 || (target.ndim == 1 && target.shape[0] == 1))) {
+    throw Error(ErrorCode::shape_mismatch, "target", "shape () or (1) for a (C) input",
+                "shape " + target.shape_string());
+  }
+  if (o.p != 1 && o.p != 2) {
+    throw Error(ErrorCode::invalid_value, "p", "1 or 2 (torch: only p == 1 and p == 2 supported)", std::to_string(o.p));
+  }
+  core::check_margin_option(o.margin, "margin");
+  if (accumulate_dtype(input.dtype) == DType::f64) {
+    run<double>(backward, input, target, o, loss, grad_loss, grad);
+  } else {
+    run<float>(backward, input, target, o, loss, grad_loss, grad);
+  }
+}
+
+}  // namespace
+
+void multi_margin_forward(const TensorView& input, const TensorView& target, const MultiMarginOptions& options,
+                          const TensorView& loss) {
+  dispatch(false, input, target, options, &loss, std::nullopt, nullptr);
+}
+
+void multi_margin_backward(const TensorView& input, const TensorView& target,
+                           const std::optional<TensorView>& grad_loss, const MultiMarginOptions& options,
+                           const std::optional<TensorView>& grad_input) {
+  dispatch(true, input, target, options, nullptr, grad_loss, grad_input ? &*grad_input : nullptr);
+}
+
+}  // namespace lossfuse

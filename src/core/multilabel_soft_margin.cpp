@@ -1,0 +1,92 @@
+// multilabel_soft_margin entries: checks (every one before any write), plain params, the CPU kernel, the
+// reduction.
+#include "core/margin_problem.hpp"
+#include "cpu/margin_kernels.hpp"
+#include "lossfuse/margin.hpp"
+
+namespace lossfuse {
+namespace {
+
+template <class Acc>
+void run(bool backward, const TensorView& input, const TensorView& target, const MultilabelSoftMarginOptions& o,
+         const TensorView* loss, const std::optional<TensorView>& grad_loss, const std::optional<TensorView>& gx,
+         const std::optional<TensorView>& gt) {
+  const std::int64_t C = input.shape[input.ndim - 1];
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
+  const DType acc = accumulate_dtype(input.dtype);
+  const int row_ndim = input.ndim - 1;
+  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
+  if (o.weight) read.push_back({"weight", &*o.weight});
+  if (loss != nullptr) {
+    core::check_margin_loss(*loss, acc, o.reduction, input.shape.data(), row_ndim);
+    written.push_back({"loss", loss});
+  }
+  if (backward) {
+    core::check_margin_grad_loss(grad_loss, acc, o.reduction, input.shape.data(), row_ndim);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    if (gx) {
+      core::check_view(*gx, "grad_input");
+      core::check_dtype(*gx, "grad_input", input.dtype);
+      core::check_shape(*gx, "grad_input", input.shape.data(), input.ndim);
+      written.push_back({"grad_input", &*gx});
+    }
+    if (gt) {
+      core::check_view(*gt, "grad_target");
+      core::check_dtype(*gt, "grad_target", input.dtype);
+      core::check_shape(*gt, "grad_target", input.shape.data(), input.ndim);
+      written.push_back({"grad_target", &*gt});
+    }
+  }
+  core::check_disjoint(written, read);
+
+  core::MarginParams p;
+  p.backward = backward;
+  core::set_margin_rows(p, input);
+  p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
+  core::set_margin_view(p, core::kMvX0, input, true);
+  core::set_margin_view(p, core::kMvTarget, target, true);
+  p.weight = weights.empty() ? nullptr : weights.data();
+  if (!backward) {
+    core::run_margin_forward(p, *loss, o.reduction, cpu::multilabel_soft_margin_rows);
+    return;
+  }
+  if (gx) p.grad[0] = gx->data, core::set_margin_view(p, core::kMvG0, *gx, true);
+  if (gt) p.grad[1] = gt->data, core::set_margin_view(p, core::kMvG1, *gt, true);
+  if (!gx && !gt) return;
+  core::set_margin_grad_scale(p, o.reduction, grad_loss);
+  cpu::multilabel_soft_margin_rows(p);
+}
+
+void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultilabelSoftMarginOptions& o,
+              const TensorView* loss, const std::optional<TensorView>& grad_loss, const std::optional<TensorView>& gx,
+              const std::optional<TensorView>& gt) {
+  core::check_reduction(o.reduction);
+  core::check_view(input, "input");
+  core::check_floating(input, "input");
+  core::check_input_ndim(input, "input", 1, kMaxDims, "shape (..., C) with at least one dim");
+  core::check_view(target, "target");
+  core::check_dtype(target, "target", input.dtype);
+  core::check_shape(target, "target", input.shape.data(), input.ndim);
+  if (accumulate_dtype(input.dtype) == DType::f64) {
+    run<double>(backward, input, target, o, loss, grad_loss, gx, gt);
+  } else {
+    run<float>(backward, input, target, o, loss, grad_loss, gx, gt);
+  }
+}
+
+}  // namespace
+
+void multilabel_soft_margin_forward(const TensorView& input, const TensorView& target,
+                                    const MultilabelSoftMarginOptions& options, const TensorView& loss) {
+  dispatch(false, input, target, options, &loss, std::nullopt, std::nullopt, std::nullopt);
+}
+
+void multilabel_soft_margin_backward(const TensorView& input, const TensorView& target,
+                                     const std::optional<TensorView>& grad_loss,
+                                     const MultilabelSoftMarginOptions& options,
+                                     const std::optional<TensorView>& grad_input,
+                                     const std::optional<TensorView>& grad_target) {
+  dispatch(true, input, target, options, nullptr, grad_loss, grad_input, grad_target);
+}
+
+}  // namespace lossfuse

@@ -1,0 +1,86 @@
+// triplet_margin entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
+#include <cmath>
+
+#include "core/margin_problem.hpp"
+#include "cpu/margin_kernels.hpp"
+#include "lossfuse/margin.hpp"
+
+namespace lossfuse {
+namespace {
+
+void run(bool backward, const TensorView& a, const TensorView& pos, const TensorView& neg,
+         const TripletMarginOptions& o, const TensorView* loss, const std::optional<TensorView>& grad_loss,
+         const std::optional<TensorView>* grads) {
+  core::check_reduction(o.reduction);
+  core::check_view(a, "anchor");
+  core::check_floating(a, "anchor");
+  core::check_input_ndim(a, "anchor", 1, kMaxDims, "shape (..., D) with at least one dim");
+  core::check_same_as(pos, "positive", a);
+  core::check_same_as(neg, "negative", a);
+  if (std::isnan(o.p) || o.p < 0) {
+    throw Error(ErrorCode::invalid_value, "p", "a norm degree p >= 0 (or +inf)", std::to_string(o.p));
+  }
+  core::check_margin_option(o.margin, "margin");
+  core::check_margin_option(o.eps, "eps");
+  const DType acc = accumulate_dtype(a.dtype);
+  const int row_ndim = a.ndim - 1;
+  std::vector<core::NamedView> written, read = {{"anchor", &a}, {"positive", &pos}, {"negative", &neg}};
+  if (loss != nullptr) {
+    core::check_margin_loss(*loss, acc, o.reduction, a.shape.data(), row_ndim);
+    written.push_back({"loss", loss});
+  }
+  static constexpr std::string_view kGradNames[3] = {"grad_anchor", "grad_positive", "grad_negative"};
+  if (backward) {
+    core::check_margin_grad_loss(grad_loss, acc, o.reduction, a.shape.data(), row_ndim);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    for (int i = 0; i < 3; ++i) {
+      if (!grads[i]) continue;
+      core::check_view(*grads[i], kGradNames[i]);
+      core::check_dtype(*grads[i], kGradNames[i], a.dtype);
+      core::check_shape(*grads[i], kGradNames[i], a.shape.data(), a.ndim);
+      written.push_back({kGradNames[i], &*grads[i]});
+    }
+  }
+  core::check_disjoint(written, read);
+
+  core::MarginParams p;
+  p.backward = backward;
+  core::set_margin_rows(p, a);
+  const TensorView* xs[3] = {&a, &pos, &neg};
+  for (int i = 0; i < 3; ++i) {
+    p.x[i] = xs[i]->data;
+    core::set_margin_view(p, core::kMvX0 + i, *xs[i], true);
+  }
+  p.margin = o.margin, p.p = o.p, p.eps = o.eps, p.swap = o.swap;
+  if (!backward) {
+    core::run_margin_forward(p, *loss, o.reduction, cpu::triplet_margin_rows);
+    return;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (!grads[i]) continue;
+    p.grad[i] = grads[i]->data;
+    core::set_margin_view(p, core::kMvG0 + i, *grads[i], true);
+  }
+  if (p.grad[0] == nullptr && p.grad[1] == nullptr && p.grad[2] == nullptr) return;
+  core::set_margin_grad_scale(p, o.reduction, grad_loss);
+  cpu::triplet_margin_rows(p);
+}
+
+}  // namespace
+
+void triplet_margin_forward(const TensorView& anchor, const TensorView& positive, const TensorView& negative,
+                            const TripletMarginOptions& options, const TensorView& loss) {
+  const std::optional<TensorView> none[3];
+  run(false, anchor, positive, negative, options, &loss, std::nullopt, none);
+}
+
+void triplet_margin_backward(const TensorView& anchor, const TensorView& positive, const TensorView& negative,
+                             const std::optional<TensorView>& grad_loss, const TripletMarginOptions& options,
+                             const std::optional<TensorView>& grad_anchor,
+                             const std::optional<TensorView>& grad_positive,
+                             const std::optional<TensorView>& grad_negative) {
+  const std::optional<TensorView> grads[3] = {grad_anchor, grad_positive, grad_negative};
+  run(true, anchor, positive, negative, options, nullptr, grad_loss, grads);
+}
+
+}  // namespace lossfuse
