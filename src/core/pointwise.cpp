@@ -2,6 +2,7 @@
 // reduction.
 #include "lossfuse/pointwise.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -11,6 +12,8 @@
 #include "core/class_problem.hpp"
 #include "core/pointwise_params.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/scalar_io.hpp"
+#include "lossfuse/parallel.hpp"
 #include "math/half.hpp"
 
 namespace lossfuse {
@@ -68,27 +71,66 @@ double read_float(const void* base, DType t, std::int64_t off) {
   }
 }
 
+// Row-major position of flat index i in shape t: "[i0, i1, ...]", and its element offset.
+std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) {
+  std::int64_t coords[kMaxDims] = {};
+  for (int k = t.ndim - 1; k >= 0; --k) {
+    coords[k] = i % t.shape[k];
+    i /= t.shape[k];
+  }
+  std::string pos = "[";
+  *offset = 0;
+  for (int k = 0; k < t.ndim; ++k) {
+    pos += (k ? ", " : "") + std::to_string(coords[k]);
+    *offset += coords[k] * t.strides[k];
+  }
+  return pos + "]";
+}
+
 // Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
-// with its position and value.
+// with its position and value. Blocks of elements are scanned in parallel, each without an early exit (so the
+// compiler can vectorize it); only a block holding a bad element is searched for the first one.
 template <class Ok>
 void scan_values(const TensorView& t, const char* name, const char* expected, Ok ok) {
   const std::int64_t n = t.numel();
-  std::int64_t coords[kMaxDims] = {};
-  for (std::int64_t i = 0; i < n; ++i) {
+  constexpr std::int64_t kBlock = 4096;
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<std::int64_t> first_bad(static_cast<std::size_t>(blocks), -1);
+  const bool contiguous = t.is_contiguous();
+  cpu::visit_float_dtype(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(t.data);
+    parallel_for(0, blocks, 16, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        const std::int64_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
+        auto value = [&](std::int64_t i) {
+          std::int64_t off = i;
+          if (!contiguous) (void)position(t, i, &off);
+          return static_cast<double>(cpu::Io<T>::load(data, off));
+        };
+        bool any = false;
+        if (contiguous) {
+          for (std::int64_t i = i0; i < i1; ++i) any |= !ok(static_cast<double>(cpu::Io<T>::load(data, i)));
+        } else {
+          for (std::int64_t i = i0; i < i1 && !any; ++i) any = !ok(value(i));
+        }
+        if (!any) continue;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          if (!ok(value(i))) {
+            first_bad[static_cast<std::size_t>(b)] = i;
+            break;
+          }
+        }
+      }
+    });
+  });
+  for (const std::int64_t i : first_bad) {
+    if (i < 0) continue;
     std::int64_t off = 0;
-    for (int k = 0; k < t.ndim; ++k) off += coords[k] * t.strides[k];
-    const double v = read_float(t.data, t.dtype, off);
-    if (!ok(v)) {
-      char buf[40];
-      std::snprintf(buf, sizeof buf, "%.9g", v);
-      std::string pos = "[";
-      for (int k = 0; k < t.ndim; ++k) pos += (k ? ", " : "") + std::to_string(coords[k]);
-      throw Error(ErrorCode::invalid_value, name, expected, std::string(buf) + " at position " + pos + "]");
-    }
-    for (int k = t.ndim - 1; k >= 0; --k) {
-      if (++coords[k] < t.shape[k]) break;
-      coords[k] = 0;
-    }
+    const std::string pos = position(t, i, &off);
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.9g", read_float(t.data, t.dtype, off));
+    throw Error(ErrorCode::invalid_value, name, expected, std::string(buf) + " at position " + pos);
   }
 }
 
