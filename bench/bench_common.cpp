@@ -352,6 +352,27 @@ bool write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 // ---- registry and runner ------------------------------------------------------------------------------
 
+std::string time_row(Run& run, Row& row, const std::function<void()>& kernel, const std::function<void()>& probe,
+                     const char* probe_name, double moved, const std::function<void()>* baseline) {
+  const std::vector<Timing> tp = time_interleaved({kernel, probe}, run.kernel_policy());
+  row.ms = tp[0].median_s * 1e3;
+  row.reps = tp[0].reps;
+  row.gbps = moved / tp[0].median_s * 1e-9;
+  row.probe_gbps = moved / tp[1].median_s * 1e-9;
+  row.pct_bw = 100.0 * row.gbps / row.probe_gbps;
+  if (baseline != nullptr && run.options().baseline) {
+    const Timing b = time_median(*baseline, run.baseline_policy());
+    row.baseline_ms = b.median_s * 1e3;
+    row.baseline_reps = b.reps;
+    row.speedup = b.median_s / tp[0].median_s;
+  }
+  std::string result = format("%.3f ms, ", row.ms) + format("%.1f GB/s (", row.gbps) + format("%.0f%% of ", row.pct_bw) +
+                       probe_name + ")";
+  if (row.speedup > 0) result += format(", %.1fx baseline", row.speedup);
+  if (row.check != "ok") result += "  [" + row.check + "]";
+  return result;
+}
+
 bool register_suite(Suite suite) {
   registry().push_back(std::move(suite));
   return true;

@@ -187,6 +187,13 @@ const std::vector<Suite>& suites();
   [[maybe_unused]] static const bool LOSSFUSE_BENCH_CONCAT(lossfuse_bench_registered_, __LINE__) = \
       ::lossfuse::bench::register_suite(__VA_ARGS__)
 
+// Times `kernel` interleaved with `probe` (the read or copy probe of the same bytes), and `baseline` when the
+// run asks for it; fills the timing fields of `row` (`moved`: the bytes the kernel reads and writes) and returns
+// the progress text "1.234 ms, 40.1 GB/s (95% of read)" (`probe_name`), with the speedup and a failed check.
+class Run;
+std::string time_row(Run& run, Row& row, const std::function<void()>& kernel, const std::function<void()>& probe,
+                     const char* probe_name, double moved, const std::function<void()>* baseline = nullptr);
+
 // What a group sees while it runs.
 class Run {
  public:

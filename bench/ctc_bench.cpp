@@ -238,22 +238,8 @@ void run_group(Run& run, std::int64_t T, std::int64_t N, std::int64_t C, std::in
     }
     const std::function<void()> probe = backward ? copy_probe(lp.data(), grad.data(), bytes, run.threads())
                                                  : read_probe(lp.data(), bytes, run.threads());
-    const std::vector<Timing> tp = time_interleaved({kernel, probe}, run.kernel_policy());
-    const Timing& t = tp[0];
-    row.probe_gbps = moved / tp[1].median_s * 1e-9;
-    row.ms = t.median_s * 1e3;
-    row.reps = t.reps;
-    row.gbps = moved / t.median_s * 1e-9;
-    row.pct_bw = 100.0 * row.gbps / row.probe_gbps;
-    if (run.options().baseline) {
-      const Timing b = time_median([&] { (void)baseline(); }, run.baseline_policy());
-      row.baseline_ms = b.median_s * 1e3;
-      row.baseline_reps = b.reps;
-      row.speedup = b.median_s / t.median_s;
-    }
-    std::string result = fixed(row.ms, 3) + " ms per batch";
-    if (row.speedup > 0) result += ", " + fixed(row.speedup, 2) + "x baseline";
-    if (row.check != "ok") result += "  [" + row.check + "]";
+    const std::function<void()> base_fn = [&] { (void)baseline(); };
+    const std::string result = time_row(run, row, kernel, probe, backward ? "copy" : "read", moved, &base_fn);
     run.add(std::move(row));
     run.finish_step(result);
   }

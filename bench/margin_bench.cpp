@@ -234,16 +234,8 @@ void run_group(Run& run, LossKind kind, std::int64_t n, std::int64_t d, DType dt
     const std::function<void()> probe = with_backward
                                             ? copy_probe(probe_src.data(), probe_dst.data(), moved / 2, run.threads())
                                             : read_probe(probe_src.data(), moved, run.threads());
-    const std::vector<Timing> tp = time_interleaved({kernel, probe}, run.kernel_policy());
-    const Timing& t = tp[0];
-    row.probe_gbps = static_cast<double>(moved) / tp[1].median_s * 1e-9;
-    row.ms = t.median_s * 1e3;
-    row.reps = t.reps;
-    row.gbps = static_cast<double>(moved) / t.median_s * 1e-9;
-    row.pct_bw = 100.0 * row.gbps / row.probe_gbps;
-    std::string result = fixed(row.ms, 3) + " ms, " + fixed(row.gbps, 1) + " GB/s (" + fixed(row.pct_bw, 0) + "% of " +
-                         (with_backward ? "copy" : "read") + ")";
-    if (row.check != "ok") result += "  [" + row.check + "]";
+    const std::string result =
+        time_row(run, row, kernel, probe, with_backward ? "copy" : "read", static_cast<double>(moved));
     run.add(std::move(row));
     run.finish_step(result);
   }

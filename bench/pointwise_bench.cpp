@@ -253,15 +253,7 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
     const std::function<void()> probe =
         bwd ? copy_probe(xp, grad.data(), (static_cast<std::size_t>(k) + 1) * bytes / 2, run.threads())
             : read_probe(xp, static_cast<std::size_t>(k) * bytes, run.threads());
-    const std::vector<Timing> tp = time_interleaved({kernel, probe}, run.kernel_policy());
-    row.ms = tp[0].median_s * 1e3;
-    row.reps = tp[0].reps;
-    row.gbps = moved / tp[0].median_s * 1e-9;
-    row.probe_gbps = moved / tp[1].median_s * 1e-9;
-    row.pct_bw = 100.0 * row.gbps / row.probe_gbps;
-    std::string result = fixed(row.ms, 3) + " ms, " + fixed(row.gbps, 1) + " GB/s (" + fixed(row.pct_bw, 0) + "% of " +
-                         (bwd ? "copy" : "read") + ")";
-    if (row.check != "ok") result += "  [" + row.check + "]";
+    const std::string result = time_row(run, row, kernel, probe, bwd ? "copy" : "read", moved);
     run.add(std::move(row));
     run.finish_step(result);
   }
