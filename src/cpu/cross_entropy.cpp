@@ -455,17 +455,31 @@ void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   }
 }
 
-void FastExpArray(const float* x, float* y, std::int64_t n) {
+template <class F>
+void ApplyArray(const float* x, float* y, std::int64_t n, F f) {
   const hn::ScalableTag<float> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(FastExp(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i + N <= n; i += N) hn::StoreU(f(d, hn::LoadU(d, x + i)), d, y + i);
   if (i < n) {
     HWY_ALIGN float buf[hn::MaxLanes(d)] = {};
     for (std::int64_t j = i; j < n; ++j) buf[j - i] = x[j];
-    hn::Store(FastExp(d, hn::Load(d, buf)), d, buf);
+    for (std::int64_t j = n - i; j < N; ++j) buf[j] = 1.0f;  // a valid argument for every function here
+    hn::Store(f(d, hn::Load(d, buf)), d, buf);
     for (std::int64_t j = i; j < n; ++j) y[j] = buf[j - i];
   }
+}
+
+void FastLogArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return FastLogPositive(d, v); });
+}
+
+void FastLog1pArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return FastLog1pPositive(d, v); });
+}
+
+void FastExpArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return FastExp(d, v); });
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE
@@ -479,8 +493,12 @@ namespace lossfuse::cpu {
 
 HWY_EXPORT(CrossEntropyBlocks);
 HWY_EXPORT(FastExpArray);
+HWY_EXPORT(FastLogArray);
+HWY_EXPORT(FastLog1pArray);
 
 void fast_exp(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
+void fast_log(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLogArray)(x, y, n); }
+void fast_log1p(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pArray)(x, y, n); }
 
 void cross_entropy_rows(const core::CeParams& p) {
   const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;

@@ -23,7 +23,10 @@ void pointwise_run(const core::PwParams& p);
 // the backward (p.grad set) writes every element of p.grad.
 void ctc_samples(const core::CtcParams& p);
 
-// y = exp(x) with the vectorized float32 exp of the kernels (src/cpu/hwy_exp-inl.h); for its range test.
+// The vectorized float32 exp, log (x > 0, finite) and log1p (x > -1, finite) of the kernels
+// (src/cpu/hwy_exp-inl.h), applied to arrays; for their range tests.
 void fast_exp(const float* x, float* y, std::int64_t n);
+void fast_log(const float* x, float* y, std::int64_t n);
+void fast_log1p(const float* x, float* y, std::int64_t n);
 
 }  // namespace lossfuse::cpu

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "core/pointwise_params.hpp"
+#include "cpu/hwy_exp-inl.h"
 #include "cpu/hwy_io-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -61,13 +62,12 @@ struct HwyOps {
   HWY_INLINE V log(V a) const {
     const V safe =
         hn::IfThenElse(hn::Gt(a, hn::Zero(d)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Set(d, T(1)));
-    return LogEdges(a, hn::Log(d, safe));
+    return LogEdges(a, FastLogPositive(d, safe));
   }
   HWY_INLINE V log1p(V a) const {
     const V one = hn::Set(d, T(1));
     const V safe = hn::IfThenElse(hn::Gt(a, hn::Neg(one)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Zero(d));
-    // log1p(a) for a in (-1, 0) is computed by Highway as log(1 + a) a / ((1 + a) - 1): exact enough there.
-    return LogEdges(hn::Add(a, one), hn::Log1p(d, safe));
+    return LogEdges(hn::Add(a, one), FastLog1pPositive(d, safe));
   }
   HWY_INLINE V exp(V a) const {
     const T hi = sizeof(T) == 4 ? T(88.72f) : T(709.78);  // below log(max finite)
