@@ -87,6 +87,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
   constexpr Acc kInf = std::numeric_limits<Acc>::infinity();
   constexpr Acc kSlack = 60;
   const bool sums = cx.need_wz || kSoft;
+  const bool unit = !kCap && cx.xf.scale == Acc(1);  // z = x
 
   // The last partial vector of a chunk is read through these, padded with z = -inf, p = 0.
   HWY_ALIGN Acc zl[hn::MaxLanes(d)] = {};
@@ -135,7 +136,8 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
         V z, pv = hn::Zero(d);
         if (c < full_end) {
           V th;
-          z = Transform<kCap>(d, LoadAcc(d, x + c), cx.xf, &th);
+          z = LoadAcc(d, x + c);
+          if (!unit) z = Transform<kCap>(d, z, cx.xf, &th);
           if constexpr (kSoft) pv = LoadAcc(d, pt + c);
         } else {
           load_tail(c, end);
