@@ -10,6 +10,7 @@
 #include <functional>
 #include <initializer_list>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -388,5 +389,35 @@ struct ThreadsGuard {
   ThreadsGuard(const ThreadsGuard&) = delete;
   ThreadsGuard& operator=(const ThreadsGuard&) = delete;
 };
+
+
+// Names and value lists shared by the parameterized tests.
+inline constexpr DType kFloats[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+inline constexpr Reduction kReds[] = {Reduction::none, Reduction::mean, Reduction::sum};
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// "f32", "bf16", "i64", ...: dtype names for test names.
+inline std::string nm(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::u8: return "u8";
+    case DType::i8: return "i8";
+    case DType::i16: return "i16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "x";
+}
+// "4x9", or "scalar" for a 0-d shape.
+inline std::string shape_name(const std::vector<std::int64_t>& s) {
+  std::string r;
+  for (auto v : s) r += (r.empty() ? "" : "x") + std::to_string(v);
+  return r.empty() ? "scalar" : r;
+}
+inline std::string red_name(Reduction r) { return std::string(lossfuse::reduction_name(r)); }
 
 }  // namespace lftest

@@ -236,7 +236,6 @@ inline void run_all(const Spec& s) {
   }
 }
 
-inline std::string red_name(Reduction r) { return std::string(lossfuse::reduction_name(r)); }
 inline std::string fmt_num(double v) {  // 0.1 -> "0p1", for test names
   std::string s = std::to_string(v);
   while (!s.empty() && s.back() == '0') s.pop_back();

@@ -13,30 +13,7 @@
 namespace lftest::ce {
 namespace {
 
-constexpr DType kFloats[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-constexpr Reduction kReds[] = {Reduction::none, Reduction::mean, Reduction::sum};
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::string nm(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::u8: return "u8";
-    case DType::i8: return "i8";
-    case DType::i16: return "i16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-  }
-  return "x";
-}
-std::string shape_name(const std::vector<std::int64_t>& s) {
-  std::string r;
-  for (auto v : s) r += (r.empty() ? "" : "x") + std::to_string(v);
-  return r.empty() ? "scalar" : r;
-}
 // Per-row upstream gradients for 'none', a scalar for the others (absent for some, to test the default 1).
 Up default_up(Reduction r, std::uint64_t k) {
   if (r == Reduction::none) return k % 3 == 0 ? Up::absent : Up::per_row;

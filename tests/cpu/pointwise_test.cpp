@@ -21,11 +21,7 @@ namespace {
 using lfref::PwLoss;
 using lossfuse::PointwiseGrads;
 
-constexpr DType kFloats[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-constexpr Reduction kReds[] = {Reduction::none, Reduction::mean, Reduction::sum};
 constexpr PwLoss kLosses[] = {PwLoss::mse, PwLoss::l1, PwLoss::smooth_l1, PwLoss::huber};
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string nm(DType t) {
   switch (t) {
@@ -45,12 +41,6 @@ std::string loss_name(PwLoss l) {
   }
   return "?";
 }
-std::string shape_name(const std::vector<std::int64_t>& s) {
-  std::string r;
-  for (auto v : s) r += (r.empty() ? "" : "x") + std::to_string(v);
-  return r.empty() ? "scalar" : r;
-}
-std::string red_name(Reduction r) { return std::string(lossfuse::reduction_name(r)); }
 std::string param_name(double p) {
   std::string s = std::to_string(p);
   s.erase(s.find_last_not_of('0') + 1);
