@@ -1,10 +1,12 @@
 // The default parallel_for runs on OpenMP; a host framework may replace it (set_parallel_for_hook).
 #include "lossfuse/parallel.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
+
+#if defined(LOSSFUSE_WITH_OPENMP)
+#include <omp.h>
+#endif
 
 namespace lossfuse {
 namespace {
@@ -12,7 +14,8 @@ namespace {
 std::atomic<ParallelForHook> g_hook{nullptr};
 std::atomic<int> g_threads{0};
 
-void openmp_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, ParallelBody body, void* ctx) {
+#if defined(LOSSFUSE_WITH_OPENMP)
+void default_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, ParallelBody body, void* ctx) {
   const std::int64_t n = end - begin;
   grain = std::max<std::int64_t>(grain, 1);
   const int max_threads = get_num_threads();
@@ -31,6 +34,13 @@ void openmp_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grai
     if (b < e) body(ctx, b, e);
   }
 }
+#else
+// Built without OpenMP (the PyTorch extension, which installs torch's pool as the hook): serial.
+void default_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t /*grain*/, ParallelBody body,
+                          void* ctx) {
+  body(ctx, begin, end);
+}
+#endif
 
 }  // namespace
 
@@ -40,7 +50,11 @@ void set_num_threads(int n) noexcept { g_threads.store(n > 0 ? n : 0); }
 
 int get_num_threads() noexcept {
   const int n = g_threads.load();
+#if defined(LOSSFUSE_WITH_OPENMP)
   return n > 0 ? n : omp_get_max_threads();
+#else
+  return n > 0 ? n : 1;
+#endif
 }
 
 void parallel_for_raw(std::int64_t begin, std::int64_t end, std::int64_t grain, ParallelBody body, void* ctx) {
@@ -49,7 +63,7 @@ void parallel_for_raw(std::int64_t begin, std::int64_t end, std::int64_t grain, 
   if (hook != nullptr) {
     hook(begin, end, grain, body, ctx);
   } else {
-    openmp_parallel_for(begin, end, grain, body, ctx);
+    default_parallel_for(begin, end, grain, body, ctx);
   }
 }
 

@@ -1,0 +1,137 @@
+// The lossfuse torch library: the shared conversions, the thread-pool hook, and the small ops every loss's
+// autograd uses.
+#include "binding.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <string>
+
+#include "lossfuse/parallel.hpp"
+
+namespace lossfuse::torch_binding {
+namespace {
+
+std::optional<DType> dtype_of(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return DType::f32;
+    case at::kDouble: return DType::f64;
+    case at::kHalf: return DType::f16;
+    case at::kBFloat16: return DType::bf16;
+    case at::kByte: return DType::u8;
+    case at::kChar: return DType::i8;
+    case at::kShort: return DType::i16;
+    case at::kInt: return DType::i32;
+    case at::kLong: return DType::i64;
+    default: return std::nullopt;
+  }
+}
+
+// Kernels split their work with lossfuse::parallel_for; inside torch it runs on torch's intra-op pool, so
+// torch.set_num_threads applies and no second pool (or OpenMP runtime) is started.
+void torch_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, ParallelBody body, void* ctx) {
+  at::parallel_for(begin, end, grain, [&](std::int64_t b, std::int64_t e) { body(ctx, b, e); });
+}
+
+const bool g_hook_installed = [] {
+  set_parallel_for_hook(&torch_parallel_for);
+  return true;
+}();
+
+}  // namespace
+
+TensorView view(const at::Tensor& t, const char* arg) {
+  TORCH_CHECK(t.defined(), "lossfuse: ", arg, ": expected a tensor, got None");
+  TORCH_CHECK(t.device().is_cpu(), "lossfuse: ", arg, ": expected a CPU tensor, got one on ", t.device(),
+              " (this build has CPU kernels only)");
+  const auto dt = dtype_of(t.scalar_type());
+  TORCH_CHECK(dt.has_value(), "lossfuse: ", arg,
+              ": expected float32, float64, float16, bfloat16 or an integer dtype, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() <= kMaxDims, "lossfuse: ", arg, ": expected at most ", kMaxDims, " dims, got ",
+                    t.dim());
+  TensorView v;
+  v.data = t.numel() > 0 ? const_cast<void*>(t.const_data_ptr()) : nullptr;
+  v.dtype = *dt;
+  v.device = Device::cpu;
+  v.ndim = static_cast<int>(t.dim());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = t.size(d);
+    v.strides[d] = t.stride(d);
+  }
+  return v;
+}
+
+std::optional<TensorView> view(const std::optional<at::Tensor>& t, const char* arg) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  return view(*t, arg);
+}
+
+Reduction reduction(std::int64_t r) {
+  switch (r) {
+    case 0: return Reduction::none;
+    case 1: return Reduction::mean;
+    case 2: return Reduction::sum;
+    default: TORCH_CHECK_VALUE(false, "lossfuse: reduction: expected 0 (none), 1 (mean) or 2 (sum), got ", r);
+  }
+}
+
+at::ScalarType acc_type(const at::Tensor& input) {
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) {
+  return at::empty(shape, input.options().dtype(acc_type(input)));
+}
+
+at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t r) {
+  return r == 0 ? new_acc(input, rows) : new_acc(input, {});
+}
+
+at::Tensor new_grad(const at::Tensor& like, bool wanted) {
+  return wanted ? at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous))
+                : at::empty({0}, like.options());
+}
+
+void rethrow(const Error& e) {
+  const std::string msg = e.what();
+  switch (e.code()) {
+    case ErrorCode::index_error: TORCH_CHECK_INDEX(false, msg);
+    case ErrorCode::invalid_value:
+    case ErrorCode::shape_mismatch: TORCH_CHECK_VALUE(false, msg);
+    case ErrorCode::not_implemented: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+    case ErrorCode::dtype_mismatch:
+    case ErrorCode::bad_pointer: break;
+  }
+  TORCH_CHECK(false, msg);
+}
+
+namespace {
+
+// Brings a gradient computed with an upstream gradient of `applied` to one of `grad_output` (both one element),
+// in place, and records the new scale in `applied`. Costs nothing in the common case grad_output == applied
+// (a training step's loss.backward()), and stays right when a retained graph is run backward again.
+void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::Tensor& grad_output) {
+  TORCH_CHECK(applied.numel() == 1 && grad_output.numel() == 1,
+              "lossfuse: rescale_grad_: expected one-element scales, got ", applied.numel(), " and ",
+              grad_output.numel());
+  const double was = applied.item<double>();
+  const double want = grad_output.item<double>();
+  if (want == was) return;
+  if (was != 0.0 && std::isfinite(was)) {
+    grad.mul_(want / was);
+  } else {
+    TORCH_CHECK(false, "lossfuse: rescale_grad_: a gradient already scaled by ", was,
+                " cannot be rescaled; run backward through this loss once");
+  }
+  applied.fill_(want);
+}
+
+}  // namespace
+
+}  // namespace lossfuse::torch_binding
+
+TORCH_LIBRARY(lossfuse, m) {
+  m.def("rescale_grad_(Tensor(a!) grad, Tensor(b!) applied, Tensor grad_output) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }

@@ -1,0 +1,50 @@
+// lossfuse's PyTorch binding: conversions from at::Tensor to lossfuse views, lossfuse errors turned into the
+// exceptions torch raises (ValueError, IndexError, RuntimeError), and new outputs allocated with torch.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "lossfuse/error.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/tensor.hpp"
+
+namespace lossfuse::torch_binding {
+
+// A view of a CPU tensor of a dtype lossfuse knows, with at most kMaxDims dims; else a ValueError/RuntimeError
+// naming `arg`.
+TensorView view(const at::Tensor& t, const char* arg);
+std::optional<TensorView> view(const std::optional<at::Tensor>& t, const char* arg);
+
+// torch's reduction enum (0 none, 1 mean, 2 sum).
+Reduction reduction(std::int64_t r);
+
+// float32 for 16-bit and float32 inputs, float64 for float64: the dtype lossfuse stores losses in.
+at::ScalarType acc_type(const at::Tensor& input);
+at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape);
+// The loss of `input` for a reduction: `rows` for none, else a 0-d tensor.
+at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t reduction);
+// A contiguous tensor of `like`'s shape and dtype, or an empty one when `wanted` is false (a gradient no one
+// asked for).
+at::Tensor new_grad(const at::Tensor& like, bool wanted);
+inline std::optional<TensorView> grad_view(const at::Tensor& g, bool wanted, const char* arg) {
+  return wanted ? std::optional<TensorView>(view(g, arg)) : std::nullopt;
+}
+
+[[noreturn]] void rethrow(const Error& e);
+
+// Runs f, turning a lossfuse::Error into torch's exception of the same kind.
+template <class F>
+decltype(auto) guarded(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+}  // namespace lossfuse::torch_binding

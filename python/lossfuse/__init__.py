@@ -1,0 +1,16 @@
+"""lossfuse: fast, memory-frugal loss functions for PyTorch, forward and backward.
+
+`lossfuse.nn.functional` mirrors `torch.nn.functional`'s losses (same signatures, defaults and results) and
+`lossfuse.nn` its loss modules; `lossfuse.patch_torch()` routes torch's functional losses to lossfuse. The
+kernels are registered as torch custom ops under `torch.ops.lossfuse`.
+"""
+
+import torch as _torch
+
+from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
+from . import _cross_entropy, _pointwise, _margin, _ctc  # noqa: F401  (fake and autograd registrations)
+from . import nn
+from ._patch import patch_torch, unpatch_torch
+
+__all__ = ["nn", "patch_torch", "unpatch_torch"]
+__version__ = "0.1.0"

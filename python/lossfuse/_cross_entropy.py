@@ -1,0 +1,183 @@
+"""cross_entropy and nll_loss: fake implementations, autograd, and the torch-compatible functions."""
+
+import torch
+import torch.nn as _tnn
+
+from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype
+
+_ops = torch.ops.lossfuse
+
+
+def _rows(input):
+    shape = list(input.shape)
+    if shape:
+        del shape[1 if len(shape) >= 2 else 0]
+    return shape
+
+
+# ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------
+
+
+@torch.library.register_fake("lossfuse::cross_entropy")
+def _ce_fake(input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
+             compute_grad):
+    rows = _rows(input)
+    return (new_loss(input, rows, reduction), input.new_empty(rows, dtype=acc_dtype(input)),
+            new_loss(input, rows, reduction), new_grad(input, compute_grad))
+
+
+@torch.library.register_fake("lossfuse::cross_entropy_backward")
+def _ce_bwd_fake(grad_output, input, target, lse, weight, reduction, ignore_index, label_smoothing, logit_scale,
+                 softcap, z_loss_scale):
+    return new_grad(input, True)
+
+
+@torch.library.register_fake("lossfuse::nll_loss")
+def _nll_fake(input, target, weight, reduction, ignore_index):
+    return new_loss(input, _rows(input), reduction)
+
+
+@torch.library.register_fake("lossfuse::nll_loss_backward")
+def _nll_bwd_fake(grad_output, input, target, weight, reduction, ignore_index):
+    return new_grad(input, True)
+
+
+@torch.library.register_fake("lossfuse::rescale_grad_")
+def _rescale_fake(grad, applied, grad_output):
+    return None
+
+
+# ---- autograd ------------------------------------------------------------------------------------------------
+
+
+def _ce_setup(ctx, inputs, output):
+    input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale, \
+        compute_grad = inputs
+    loss, lse, z_loss, grad = output
+    ctx.mark_non_differentiable(lse, z_loss, grad)
+    ctx.args = (reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
+    ctx.compute_grad = compute_grad
+    applied = torch.ones((), dtype=loss.dtype, device=loss.device) if compute_grad else None
+    ctx.save_for_backward(input, target, weight, lse, grad, applied)
+
+
+def _soft_target_grad(input, target, weight, lse, grad_output, args):
+    """d loss / d target for probability targets: (1 - eps) w_c (lse - z_c) per row, times the upstream grad."""
+    reduction, _, label_smoothing, logit_scale, softcap, _ = args
+    cdim = 1 if input.dim() >= 2 else 0
+    z = input.to(lse.dtype) * logit_scale
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    g = (lse.unsqueeze(cdim) - z) * (1.0 - label_smoothing)
+    if weight is not None:
+        shape = [1] * input.dim()
+        shape[cdim] = -1
+        g = g * weight.to(g.dtype).view(shape)
+    if reduction == 1:
+        rows = input.numel() // max(input.shape[cdim], 1) if input.numel() else 0
+        g = g / rows
+    go = grad_output.to(g.dtype)
+    g = g * (go.unsqueeze(cdim) if reduction == 0 else go)
+    return g.to(target.dtype)
+
+
+def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
+    input, target, weight, lse, grad, applied = ctx.saved_tensors
+    reduction = ctx.args[0]
+    grad_input = grad_target = None
+    if ctx.needs_input_grad[0]:
+        if ctx.compute_grad:
+            if torch.compiler.is_compiling():
+                grad_input = grad * grad_loss.to(grad.dtype)
+            else:
+                _ops.rescale_grad_(grad, applied, grad_loss)
+                grad_input = grad
+        else:
+            grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
+    if ctx.needs_input_grad[1] and target.is_floating_point():
+        grad_target = _soft_target_grad(input, target, weight, lse, grad_loss, ctx.args)
+    del reduction
+    return grad_input, grad_target, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("lossfuse::cross_entropy", _ce_backward, setup_context=_ce_setup)
+
+
+def _nll_setup(ctx, inputs, output):
+    input, target, weight, reduction, ignore_index = inputs
+    ctx.args = (reduction, ignore_index)
+    ctx.save_for_backward(input, target, weight)
+
+
+def _nll_backward(ctx, grad_loss):
+    input, target, weight = ctx.saved_tensors
+    grad_input = None
+    if ctx.needs_input_grad[0]:
+        grad_input = _ops.nll_loss_backward(grad_loss, input, target, weight, *ctx.args)
+    return grad_input, None, None, None, None
+
+
+torch.library.register_autograd("lossfuse::nll_loss", _nll_backward, setup_context=_nll_setup)
+
+
+# ---- torch.nn.functional-compatible functions ----------------------------------------------------------------
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0, *, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, return_lse=False,
+                  return_z_loss=False):
+    """torch.nn.functional.cross_entropy, with lossfuse's extras (keyword-only):
+
+    softcap: z = softcap * tanh(logit_scale * x / softcap) replaces the logits (0: off).
+    z_loss_scale: adds z_loss_scale * lse^2 per row, reduced like the loss.
+    logit_scale: multiplies the logits first.
+    return_lse: also return the per-row log-sum-exp (float32, float64 for float64 input; no gradient).
+    return_z_loss: also return the z-loss term alone (reduced like the loss; no gradient).
+    Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
+
+    When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
+    forward pass (one read of the logits for the whole training step) and kept until backward.
+    """
+    red = reduction_code(reduction, size_average, reduce)
+    compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
+    loss, lse, z_loss, _ = _ops.cross_entropy(input, target, weight, red, int(ignore_index), float(label_smoothing),
+                                              float(logit_scale), float(softcap), float(z_loss_scale),
+                                              compute_grad)
+    out = (to_input_dtype(loss, input),)
+    if return_lse:
+        out += (lse,)
+    if return_z_loss:
+        out += (to_input_dtype(z_loss, input),)
+    return out[0] if len(out) == 1 else out
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """torch.nn.functional.nll_loss; targets of any integer dtype."""
+    red = reduction_code(reduction, size_average, reduce)
+    loss = _ops.nll_loss(input, target, weight, red, int(ignore_index))
+    return to_input_dtype(loss, input)
+
+
+class CrossEntropyLoss(_tnn.CrossEntropyLoss):
+    """torch.nn.CrossEntropyLoss; lossfuse's extras (softcap, z_loss_scale, logit_scale) as keyword-only
+    constructor arguments."""
+
+    def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.softcap, self.z_loss_scale, self.logit_scale = softcap, z_loss_scale, logit_scale
+
+    def forward(self, input, target):
+        return cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                             reduction=self.reduction, label_smoothing=self.label_smoothing, softcap=self.softcap,
+                             z_loss_scale=self.z_loss_scale, logit_scale=self.logit_scale)
+
+
+class NLLLoss(_tnn.NLLLoss):
+    """torch.nn.NLLLoss."""
+
+    def forward(self, input, target):
+        return nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+FUNCTIONS = ["cross_entropy", "nll_loss"]
+MODULES = ["CrossEntropyLoss", "NLLLoss"]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates the project's Python environment (.venv) with torch from PyPI and the test tools, then builds and
+# installs the lossfuse package into it against that torch (no build isolation). Idempotent; rebuilds are
+# incremental (build/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${LOSSFUSE_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup_python: creating $VENV"
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch, numpy, pytest, hypothesis, scikit_build_core" 2>/dev/null; then
+  echo "setup_python: installing torch and the test tools from PyPI"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis "scikit-build-core>=0.10"
+fi
+echo "setup_python: building the lossfuse package"
+"$PY" -m pip install -q --no-build-isolation --no-deps .
