@@ -6,6 +6,9 @@ import torch.nn as _tnn
 from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype
 
 _ops = torch.ops.lossfuse
+# torch's own functions, captured before patch_torch() can replace them: the double-backward path uses them.
+_torch_cross_entropy = torch.nn.functional.cross_entropy
+_torch_nll_loss = torch.nn.functional.nll_loss
 
 
 def _rows(input):
@@ -50,6 +53,11 @@ def _rescale_fake(grad, applied, grad_output):
 # ---- autograd ------------------------------------------------------------------------------------------------
 
 
+def _is_eager(t):
+    """True outside every tracer (Dynamo, AOTAutograd, FakeTensor): only then may backward mutate saved state."""
+    return type(t) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 def _ce_setup(ctx, inputs, output):
     input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale, \
         compute_grad = inputs
@@ -57,8 +65,13 @@ def _ce_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, z_loss, grad)
     ctx.args = (reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
     ctx.compute_grad = compute_grad
-    applied = torch.ones((), dtype=loss.dtype, device=loss.device) if compute_grad else None
-    ctx.save_for_backward(input, target, weight, lse, grad, applied)
+    ctx.eager_grad = None
+    if compute_grad and reduction != 0 and _is_eager(grad):
+        # Rescaled in place by backward (rescale_grad_), so kept outside save_for_backward's version check;
+        # `applied` remembers the scale already in it, so a retained graph's second backward stays right.
+        ctx.eager_grad = (grad, torch.ones((), dtype=loss.dtype, device=loss.device))
+        grad = None
+    ctx.save_for_backward(input, target, weight, lse, grad if compute_grad else None)
 
 
 def _soft_target_grad(input, target, weight, lse, grad_output, args):
@@ -81,22 +94,56 @@ def _soft_target_grad(input, target, weight, lse, grad_output, args):
     return g.to(target.dtype)
 
 
+def _ce_differentiable(input, target, weight, args):
+    """The loss as a composition of differentiable torch ops (for create_graph=True backward passes)."""
+    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = args
+    cdim = 1 if input.dim() >= 2 else 0
+    z = input * logit_scale
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    soft = target.is_floating_point()
+    t = target if soft else target.long()
+    loss = _torch_cross_entropy(z, t, weight, ignore_index=ignore_index, reduction="none",
+                                label_smoothing=label_smoothing)
+    if z_loss_scale:
+        zl = z_loss_scale * torch.logsumexp(z, cdim) ** 2
+        loss = loss + (zl if soft else torch.where(t == ignore_index, torch.zeros_like(zl), zl))
+    if reduction == 0:
+        return loss
+    if reduction == 2 or soft:
+        return loss.sum() if reduction == 2 else loss.mean()
+    valid = t != ignore_index
+    wy = weight[torch.where(valid, t, 0)] if weight is not None else torch.ones_like(loss)
+    return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
+
+
+def _differentiable_grads(loss_fn, inputs, wanted, grad_output):
+    """Gradients of loss_fn(*inputs) for the inputs flagged in `wanted`, as a differentiable graph."""
+    diff = [x for x, w in zip(inputs, wanted) if w]
+    grads = iter(torch.autograd.grad(loss_fn(*inputs), diff, grad_output, create_graph=True))
+    return [next(grads) if w else None for w in wanted]
+
+
 def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
-    input, target, weight, lse, grad, applied = ctx.saved_tensors
-    reduction = ctx.args[0]
+    input, target, weight, lse, grad = ctx.saved_tensors
     grad_input = grad_target = None
+    if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
+        wanted = [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and target.is_floating_point()]
+        grad_input, grad_target = _differentiable_grads(
+            lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
+        return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad:
-            if torch.compiler.is_compiling():
-                grad_input = grad * grad_loss.to(grad.dtype)
-            else:
-                _ops.rescale_grad_(grad, applied, grad_loss)
-                grad_input = grad
+        if ctx.eager_grad is not None:
+            grad, applied = ctx.eager_grad
+            _ops.rescale_grad_(grad, applied, grad_loss)
+            grad_input = grad
+        elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
+            go = grad_loss.unsqueeze(1 if input.dim() >= 2 else 0) if ctx.args[0] == 0 and grad_loss.dim() else grad_loss
+            grad_input = (grad * go).to(grad.dtype)
         else:
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
     if ctx.needs_input_grad[1] and target.is_floating_point():
         grad_target = _soft_target_grad(input, target, weight, lse, grad_loss, ctx.args)
-    del reduction
     return grad_input, grad_target, None, None, None, None, None, None, None, None
 
 
@@ -112,7 +159,13 @@ def _nll_setup(ctx, inputs, output):
 def _nll_backward(ctx, grad_loss):
     input, target, weight = ctx.saved_tensors
     grad_input = None
-    if ctx.needs_input_grad[0]:
+    if torch.is_grad_enabled():  # create_graph=True
+        reduction, ignore_index = ctx.args
+        name = ("none", "mean", "sum")[reduction]
+        grad_input, = _differentiable_grads(
+            lambda x: _torch_nll_loss(x, target.long(), weight, ignore_index=ignore_index, reduction=name), [input],
+            [True], grad_loss)
+    elif ctx.needs_input_grad[0]:
         grad_input = _ops.nll_loss_backward(grad_loss, input, target, weight, *ctx.args)
     return grad_input, None, None, None, None
 

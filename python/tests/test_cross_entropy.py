@@ -1,0 +1,343 @@
+"""lossfuse.nn.functional.cross_entropy / nll_loss against torch: values, gradients, options, dtypes, layouts,
+errors, gradcheck, opcheck."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lossfuse
+import lossfuse.nn.functional as LF
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+REDUCTIONS = ["none", "mean", "sum"]
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+# Relative tolerance on values and gradients against torch computing in float64 on the same (rounded) inputs:
+# lossfuse accumulates in float32, and 16-bit results are rounded once to the output dtype.
+TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+def assert_close(ours, ref, dtype, what):
+    ours, ref = ours.double(), ref.double()
+    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    tol = TOL[dtype] * max(scale, 1.0) if math.isfinite(scale) else TOL[dtype]
+    torch.testing.assert_close(ours, ref, rtol=TOL[dtype], atol=tol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def torch_reference(fn, args, kwargs, diff):
+    """torch's result and gradients, computed in float64 on the inputs' (already rounded) values."""
+    args64 = [a.detach().double().requires_grad_(i in diff) if torch.is_tensor(a) and a.is_floating_point() else a
+              for i, a in enumerate(args)]
+    kw64 = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
+    out = fn(*args64, **kw64)
+    return out, args64
+
+
+def check_against_torch(ours_fn, torch_fn, args, kwargs, diff=(0,), dtype=torch.float32, extra=None):
+    """Runs ours on the inputs as given and torch in float64; compares the loss and the gradients of `diff`."""
+    args = [a.detach().requires_grad_(i in diff) if torch.is_tensor(a) and a.is_floating_point() else a
+            for i, a in enumerate(args)]
+    ours = ours_fn(*args, **kwargs, **(extra or {}))
+    ref, args64 = torch_reference(torch_fn, args, kwargs, diff)
+    assert ours.dtype == args[0].dtype
+    assert_close(ours, ref, dtype, "loss")
+    if ref.numel() == 0:
+        return
+    g = torch.randn(ref.shape, dtype=torch.float64) if ref.dim() else torch.tensor(1.7, dtype=torch.float64)
+    ours_grads = torch.autograd.grad(ours, [args[i] for i in diff], g.to(ours.dtype))
+    ref_grads = torch.autograd.grad(ref, [args64[i] for i in diff], g)
+    for i, go, gr in zip(diff, ours_grads, ref_grads):
+        assert go.dtype == args[i].dtype
+        # The upstream gradient itself is rounded to the output dtype; torch's reference used the exact one.
+        assert_close(go, gr, dtype, f"grad of arg {i}")
+
+
+def make_logits(shape, dtype, scale=3.0):
+    return (torch.randn(shape, dtype=torch.float64) * scale).to(dtype)
+
+
+def make_targets(rows, C, ignore_index=None, int_dtype=torch.int64, frac_ignored=0.25):
+    t = torch.randint(0, C, rows)
+    if ignore_index is not None and t.numel():
+        mask = torch.rand(rows) < frac_ignored
+        t = torch.where(mask, torch.full_like(t, ignore_index), t)
+    return t.to(int_dtype)
+
+
+SHAPES = [(7,), (5, 7), (3, 6, 4), (2, 5, 3, 2), (4, 1000)]
+
+
+def rows_of(shape):
+    return shape[:1] * 0 if len(shape) == 1 else (shape[0],) + shape[2:]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_cross_entropy_index_targets(dtype, reduction, shape, weighted, label_smoothing):
+    torch.manual_seed(hash((str(dtype), reduction, shape, weighted, label_smoothing)) % 2**31)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    x = make_logits(shape, dtype)
+    t = make_targets(rows_of(shape), C, ignore_index=-100 if len(shape) > 1 else None)
+    w = (torch.rand(C, dtype=torch.float64) + 0.5).to(dtype) if weighted else None
+    kwargs = dict(weight=w, reduction=reduction, label_smoothing=label_smoothing)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kwargs, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(7,), (5, 7), (3, 6, 4)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.3])
+def test_cross_entropy_soft_targets(dtype, reduction, shape, weighted, label_smoothing):
+    torch.manual_seed(7)
+    cdim = 0 if len(shape) == 1 else 1
+    x = make_logits(shape, dtype)
+    p = torch.softmax(torch.randn(shape, dtype=torch.float64), cdim).to(dtype)
+    C = shape[cdim]
+    w = (torch.rand(C, dtype=torch.float64) + 0.5).to(dtype) if weighted else None
+    kwargs = dict(weight=w, reduction=reduction, label_smoothing=label_smoothing)
+    # torch differentiates the probability target too.
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, p], kwargs, diff=(0, 1), dtype=dtype)
+
+
+@pytest.mark.parametrize("int_dtype", INT_DTYPES, ids=str)
+def test_any_integer_target_dtype(int_dtype):
+    x = make_logits((6, 100), torch.float32)
+    t = make_targets((6,), 100, int_dtype=int_dtype)
+    ours = LF.cross_entropy(x, t)
+    assert_close(ours, F.cross_entropy(x.double(), t.long()), torch.float32, "loss")
+    assert_close(LF.nll_loss(x, t), F.nll_loss(x.double(), t.long()), torch.float32, "nll")
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 3, 250])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_ignore_index_values(ignore_index, reduction):
+    x = make_logits((9, 8), torch.float64)
+    t = make_targets((9,), 8)
+    t[::2] = ignore_index if ignore_index != 250 else 0
+    kw = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=0.1)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kw, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_all_ignored_and_empty(reduction):
+    x = make_logits((4, 5), torch.float32)
+    t = torch.full((4,), -100)
+    assert_close(LF.cross_entropy(x, t, reduction=reduction), F.cross_entropy(x.double(), t, reduction=reduction),
+                 torch.float32, "all ignored")
+    e = torch.empty(0, 5)
+    te = torch.empty(0, dtype=torch.long)
+    assert_close(LF.cross_entropy(e, te, reduction=reduction), F.cross_entropy(e, te, reduction=reduction),
+                 torch.float32, "empty")
+
+
+def test_layouts_non_contiguous_and_expanded():
+    base = make_logits((12, 40), torch.float32)
+    t = make_targets((6,), 20)
+    for x in [base[::2, ::2], base.t()[:20, :6].t(), base[:1].expand(6, 40)[:, :20]]:
+        check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], dict(label_smoothing=0.1))
+    x3 = make_logits((3, 4, 5), torch.float32).permute(0, 2, 1)  # class dim 1 with stride != 1
+    t3 = make_targets((3, 4), 5)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x3, t3], {})
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 9), c=st.integers(1, 300), dtype=st.sampled_from(DTYPES),
+       reduction=st.sampled_from(REDUCTIONS), weighted=st.booleans(), eps=st.sampled_from([0.0, 0.05, 1.0]),
+       scale=st.sampled_from([0.1, 5.0, 60.0]), seed=st.integers(0, 2**31 - 1))
+def test_cross_entropy_random(n, c, dtype, reduction, weighted, eps, scale, seed):
+    torch.manual_seed(seed)
+    x = make_logits((n, c), dtype, scale)
+    t = make_targets((n,), c, ignore_index=-100)
+    w = (torch.rand(c, dtype=torch.float64) + 0.1).to(dtype) if weighted else None
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t],
+                        dict(weight=w, reduction=reduction, label_smoothing=eps), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(7,), (5, 7), (3, 6, 4)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss(dtype, reduction, shape, weighted):
+    torch.manual_seed(3)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    x = torch.log_softmax(torch.randn(shape, dtype=torch.float64), 0 if len(shape) == 1 else 1).to(dtype)
+    t = make_targets(rows_of(shape), C, ignore_index=-100 if len(shape) > 1 else None)
+    w = (torch.rand(C, dtype=torch.float64) + 0.5).to(dtype) if weighted else None
+    check_against_torch(LF.nll_loss, F.nll_loss, [x, t], dict(weight=w, reduction=reduction), dtype=dtype)
+
+
+# ---- lossfuse's extras -----------------------------------------------------------------------------------------
+
+
+def extras_reference(x, t, softcap, logit_scale, z_loss_scale, reduction, label_smoothing):
+    z = x.double() * logit_scale
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    ce = F.cross_entropy(z, t, reduction="none", label_smoothing=label_smoothing)
+    lse = torch.logsumexp(z, 1)
+    valid = (t != -100).double()
+    zl = z_loss_scale * lse**2 * valid
+    total = ce + zl
+    if reduction == "none":
+        return total, lse, zl
+    if reduction == "sum":
+        return total.sum(), lse, zl.sum()
+    return total.sum() / valid.sum(), lse, zl.sum() / valid.sum()
+
+
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+@pytest.mark.parametrize("logit_scale", [1.0, 0.5])
+@pytest.mark.parametrize("z_loss_scale", [0.0, 1e-3])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_softcap_scale_z_loss_lse(softcap, logit_scale, z_loss_scale, reduction):
+    torch.manual_seed(11)
+    x = make_logits((6, 50), torch.float64, 20.0).requires_grad_()
+    t = make_targets((6,), 50, ignore_index=-100)
+    loss, lse, zl = LF.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1, softcap=softcap,
+                                     logit_scale=logit_scale, z_loss_scale=z_loss_scale, return_lse=True,
+                                     return_z_loss=True)
+    xr = x.detach().clone().requires_grad_()
+    ref, ref_lse, ref_zl = extras_reference(xr, t, softcap, logit_scale, z_loss_scale, reduction, 0.1)
+    assert_close(loss, ref, torch.float64, "loss")
+    assert_close(lse, ref_lse, torch.float64, "lse")
+    assert_close(zl, ref_zl, torch.float64, "z_loss")
+    g = torch.rand(loss.shape, dtype=torch.float64)
+    assert_close(torch.autograd.grad(loss, x, g)[0], torch.autograd.grad(ref, xr, g)[0], torch.float64, "grad")
+    assert not lse.requires_grad and not zl.requires_grad
+
+
+# ---- 16-bit accuracy: never worse than torch's own ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(64, 32000), (256, 512)], ids=str)
+def test_16bit_error_not_above_torch(dtype, shape):
+    torch.manual_seed(5)
+    x = make_logits(shape, dtype, 4.0).requires_grad_()
+    t = make_targets(shape[:1], shape[1])
+    exact = F.cross_entropy(x.detach().double().requires_grad_(), t)
+    x64 = x.detach().double().requires_grad_()
+    exact = F.cross_entropy(x64, t)
+    exact_grad = torch.autograd.grad(exact, x64)[0]
+    ours = LF.cross_entropy(x, t)
+    theirs = F.cross_entropy(x, t)
+    ours_err = (ours.double() - exact).abs().item()
+    theirs_err = (theirs.double() - exact).abs().item()
+    # Both results are rounded to the 16-bit output; ours is the rounding of a float32 value, so it can only lose
+    # to torch by a rounding tie: allow half an ulp of the output on top of torch's error.
+    half_ulp = 0.5 * torch.finfo(dtype).eps * abs(exact.item())
+    assert ours_err <= theirs_err + half_ulp, (ours_err, theirs_err)
+    ours_g = torch.autograd.grad(ours, x)[0].double()
+    theirs_g = torch.autograd.grad(theirs, x)[0].double()
+    assert (ours_g - exact_grad).abs().max() <= (theirs_g - exact_grad).abs().max() + \
+        0.5 * torch.finfo(dtype).eps * exact_grad.abs().max()
+    assert (ours_g - exact_grad).norm() <= (theirs_g - exact_grad).norm() * 1.01
+
+
+# ---- errors -----------------------------------------------------------------------------------------------------
+
+
+def test_bad_target_reports_position_and_value():
+    x = make_logits((4, 10), torch.float32)
+    t = torch.tensor([1, 2, 10, 3])
+    with pytest.raises(IndexError, match=r"target.*\[0, 10\).*got 10 at position \[2\]"):
+        LF.cross_entropy(x, t)
+    with pytest.raises(IndexError, match="target"):
+        LF.nll_loss(x, torch.tensor([1, -5, 0, 0], dtype=torch.int32))
+
+
+def test_bad_arguments():
+    x = make_logits((4, 10), torch.float32)
+    t = make_targets((4,), 10)
+    with pytest.raises(ValueError, match="not a valid value for reduction"):
+        LF.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="weight"):
+        LF.cross_entropy(x, t, weight=torch.ones(9))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        LF.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="target"):
+        LF.cross_entropy(x, t[:3])
+    with pytest.raises(RuntimeError, match="target"):
+        LF.cross_entropy(x, t.double())  # float targets must have the logits' shape and dtype
+    with pytest.raises(ValueError, match="ignore_index"):
+        LF.cross_entropy(x, torch.softmax(x, 1), ignore_index=3)
+
+
+# ---- autograd machinery ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("options", [{}, dict(label_smoothing=0.2, softcap=5.0, z_loss_scale=0.01)], ids=str)
+def test_gradcheck(reduction, options):
+    torch.manual_seed(2)
+    x = make_logits((4, 6), torch.float64).requires_grad_()
+    t = torch.tensor([0, 5, -100, 2])
+    w = torch.rand(6, dtype=torch.float64) + 0.5
+    fn = lambda x: LF.cross_entropy(x, t, weight=w, reduction=reduction, **options)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))
+    p = torch.softmax(torch.randn(4, 6, dtype=torch.float64), 1).requires_grad_()
+    fn2 = lambda x, p: LF.cross_entropy(x, p, weight=w, reduction=reduction, **options)  # noqa: E731
+    assert torch.autograd.gradcheck(fn2, (x, p))
+    fn3 = lambda x: LF.nll_loss(x, t, weight=w, reduction=reduction)  # noqa: E731
+    assert torch.autograd.gradcheck(fn3, (x,))
+    assert torch.autograd.gradgradcheck(fn3, (x,))
+
+
+def test_retain_graph_second_backward_is_right():
+    x = make_logits((5, 9), torch.float64).requires_grad_()
+    t = make_targets((5,), 9)
+    loss = LF.cross_entropy(x, t)
+    g1 = torch.autograd.grad(loss, x, torch.tensor(3.0, dtype=torch.float64), retain_graph=True)[0]
+    g2 = torch.autograd.grad(loss, x, torch.tensor(-0.5, dtype=torch.float64), retain_graph=True)[0].clone()
+    g3 = torch.autograd.grad(loss, x, retain_graph=True)[0]
+    x64 = x.detach().requires_grad_()
+    ref = torch.autograd.grad(F.cross_entropy(x64, t), x64)[0]
+    assert_close(g2, -0.5 * ref, torch.float64, "second backward")
+    assert_close(g3, ref, torch.float64, "third backward")
+    del g1
+
+
+@pytest.mark.parametrize("compute_grad", [False, True])
+def test_opcheck(compute_grad):
+    x = make_logits((4, 7), torch.float32).requires_grad_()
+    t = make_targets((4,), 7)
+    w = torch.rand(7) + 0.5
+    ops = torch.ops.lossfuse
+    torch.library.opcheck(ops.cross_entropy.default, (x, t, w, 1, -100, 0.1, 1.0, 0.0, 0.0, compute_grad))
+    torch.library.opcheck(ops.cross_entropy.default, (x, t, None, 0, -100, 0.0, 2.0, 3.0, 0.1, compute_grad))
+    torch.library.opcheck(ops.nll_loss.default, (x, t, w, 1 + compute_grad, -100))
+    _, lse, _, _ = ops.cross_entropy(x.detach(), t, w, 0, -100, 0.1, 1.0, 0.0, 0.0, False)
+    torch.library.opcheck(ops.cross_entropy_backward.default,
+                          (torch.rand(4), x.detach(), t, lse, w, 0, -100, 0.1, 1.0, 0.0, 0.0))
+    torch.library.opcheck(ops.nll_loss_backward.default, (torch.rand(()), x.detach(), t, w, 1, -100))
+
+
+def test_torch_compile_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 50))
+    ref_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 50))
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(24, 16)
+    t = torch.randint(0, 50, (24,), dtype=torch.int32)
+
+    def forward(m, loss_fn, x, t):
+        return loss_fn(m(x), t)
+
+    # The whole forward (model and loss) in one graph; backward runs the compiled backward graph.
+    compiled = torch.compile(forward, fullgraph=True)
+    ours = compiled(model, lambda z, t: LF.cross_entropy(z, t, label_smoothing=0.1), x, t)
+    ours.backward()
+    ref = forward(ref_model, lambda z, t: F.cross_entropy(z, t.long(), label_smoothing=0.1), x, t)
+    ref.backward()
+    torch.testing.assert_close(ours, ref)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
