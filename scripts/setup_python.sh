@@ -11,10 +11,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, numpy, pytest, hypothesis, scikit_build_core" 2>/dev/null; then
+if ! "$PY" -c "import torch, numpy, pytest, hypothesis, expecttest, scikit_build_core" 2>/dev/null; then
   echo "setup_python: installing torch and the test tools from PyPI"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis "scikit-build-core>=0.10"
+  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10"
 fi
 echo "setup_python: building the lossfuse package"
 "$PY" -m pip install -q --no-build-isolation --no-deps .

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the Release suite, then the same suite under AddressSanitizer and
-# UndefinedBehaviorSanitizer. Usage: scripts/test.sh [--fast]   (--fast: Release only)
+# Sets up, builds and runs every test: the C++ Release suite, the Python package's suite (pytest, against torch
+# from PyPI in .venv), then the C++ suite again under AddressSanitizer and UndefinedBehaviorSanitizer.
+# Usage: scripts/test.sh [--fast]   (--fast: no sanitizer rerun)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,9 @@ jobs=$(nproc)
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
+
+scripts/setup_python.sh
+.venv/bin/python -m pytest python/tests -q -p no:cacheprovider
 
 if [ "${1:-}" != "--fast" ]; then
   cmake --preset asan >/dev/null

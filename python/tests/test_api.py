@@ -1,0 +1,98 @@
+"""The package's surface: torch-compatible signatures and modules, patch_torch, threads and the OpenMP runtime."""
+
+import inspect
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lossfuse
+import lossfuse.nn.functional as LF
+
+# Every loss of torch.nn.functional that lossfuse's catalog covers.
+TORCH_LOSSES = [
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "hinge_embedding_loss",
+    "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss", "multi_margin_loss",
+    "multilabel_margin_loss", "multilabel_soft_margin_loss", "ctc_loss",
+]
+TORCH_MODULES = [
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
+    "KLDivLoss", "PoissonNLLLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "MarginRankingLoss",
+    "TripletMarginLoss", "CosineEmbeddingLoss", "MultiMarginLoss", "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss", "CTCLoss",
+]
+
+
+@pytest.mark.parametrize("name", TORCH_LOSSES)
+def test_functional_signature_matches_torch(name):
+    assert name in LF.__all__, f"lossfuse.nn.functional lacks {name}"
+    ours = inspect.signature(getattr(LF, name)).parameters
+    theirs = inspect.signature(getattr(F, name)).parameters
+    ours_list = list(ours.values())
+    for i, p in enumerate(theirs.values()):
+        q = ours_list[i]
+        assert (q.name, q.kind, q.default) == (p.name, p.kind, p.default), f"{name}: parameter {i}: {q} vs {p}"
+    for q in ours_list[len(theirs):]:
+        assert q.kind == inspect.Parameter.KEYWORD_ONLY, f"{name}: extra parameter {q.name} must be keyword-only"
+        assert q.default is not inspect.Parameter.empty, f"{name}: extra parameter {q.name} needs a default"
+
+
+@pytest.mark.parametrize("name", TORCH_MODULES)
+def test_modules_subclass_torch(name):
+    assert name in lossfuse.nn.__all__, f"lossfuse.nn lacks {name}"
+    cls = getattr(lossfuse.nn, name)
+    assert issubclass(cls, getattr(torch.nn, name))
+
+
+def test_patch_torch_routes_and_restores():
+    original = F.cross_entropy
+    try:
+        names = lossfuse.patch_torch()
+        assert "cross_entropy" in names and F.cross_entropy is LF.cross_entropy
+        lossfuse.patch_torch()  # twice is harmless
+        x = torch.randn(4, 10, requires_grad=True)
+        t = torch.tensor([1, 2, 3, 4])
+        loss = torch.nn.CrossEntropyLoss()(x, t)  # the module calls the patched function
+        assert "lossfuse" in type(loss.grad_fn).__name__
+        loss.backward()  # double backward in lossfuse uses torch's own function, never the patched one
+        x2 = x.detach().double().requires_grad_()
+        g, = torch.autograd.grad(F.cross_entropy(x2, t), x2, create_graph=True)
+        g.sum().backward()
+    finally:
+        lossfuse.unpatch_torch()
+    assert F.cross_entropy is original
+
+
+def test_results_identical_for_any_torch_thread_count():
+    torch.manual_seed(0)
+    x = torch.randn(512, 3000, requires_grad=True)
+    t = torch.randint(0, 3000, (512,))
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            loss = LF.cross_entropy(x, t, label_smoothing=0.1)
+            results.append((loss.detach(), torch.autograd.grad(loss, x)[0]))
+    finally:
+        torch.set_num_threads(before)
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+def _openmp_runtimes():
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            base = os.path.basename(path)
+            if base.startswith(("libgomp", "libiomp", "libomp")):
+                names.add(os.path.realpath(path))
+    return names
+
+
+def test_one_openmp_runtime():
+    LF.cross_entropy(torch.randn(64, 1000), torch.randint(0, 1000, (64,)))
+    assert len(_openmp_runtimes()) <= 1, _openmp_runtimes()

@@ -1,0 +1,76 @@
+"""Every sample and error input PyTorch's own OpInfo database (torch.testing._internal.common_methods_invocations)
+holds for the losses lossfuse covers: lossfuse must give torch's values and gradients, and raise the same
+exception types on torch's error inputs."""
+
+import pytest
+import torch
+
+import lossfuse.nn.functional as LF
+
+op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
+
+NAMES = set(LF.__all__)
+OPS = [op for op in op_db if op.name.startswith("nn.functional.") and op.name[len("nn.functional."):] in NAMES]
+FLOATS = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-4, 1e-5), torch.bfloat16: (3e-2, 3e-2),
+       torch.float16: (5e-3, 5e-3)}
+
+
+def _id(op):
+    return op.name[len("nn.functional."):] + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def _leaves(sample):
+    return [t for t in [sample.input, *sample.args, *sample.kwargs.values()]
+            if torch.is_tensor(t) and t.requires_grad]
+
+
+def _clone(sample):
+    """A copy of the sample's tensors as fresh leaves (same requires_grad), so two calls never share a graph."""
+    def c(t):
+        return t.detach().clone().requires_grad_(t.requires_grad) if torch.is_tensor(t) else t
+    return c(sample.input), [c(a) for a in sample.args], {k: c(v) for k, v in sample.kwargs.items()}
+
+
+def test_the_database_covers_lossfuse():
+    assert len(OPS) >= 19, sorted(_id(op) for op in OPS)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_sample_inputs_match_torch(op, dtype):
+    if dtype not in op.supported_dtypes("cpu"):
+        pytest.skip(f"torch itself does not support {dtype} here")
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    rtol, atol = TOL[dtype]
+    checked = 0
+    for sample in op.sample_inputs("cpu", dtype, requires_grad=dtype in (torch.float64, torch.float32)):
+        x, args, kwargs = _clone(sample)
+        ref = op(x, *args, **kwargs)
+        x2, args2, kwargs2 = _clone(sample)
+        ours = ours_fn(x2, *args2, **kwargs2)
+        assert ours.dtype == ref.dtype and ours.shape == ref.shape, (sample, ours.dtype, ref.dtype)
+        torch.testing.assert_close(ours, ref, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{sample}: {m}")
+        leaves, leaves2 = [x, *args, *kwargs.values()], [x2, *args2, *kwargs2.values()]
+        diff = [i for i, t in enumerate(leaves) if torch.is_tensor(t) and t.requires_grad]
+        if diff and ref.requires_grad:
+            g = torch.randn_like(ref)
+            ref_g = torch.autograd.grad(ref, [leaves[i] for i in diff], g, allow_unused=True)
+            our_g = torch.autograd.grad(ours, [leaves2[i] for i in diff], g, allow_unused=True)
+            for i, a, b in zip(diff, our_g, ref_g):
+                if b is None:
+                    continue
+                assert a is not None, f"{sample}: no gradient for operand {i}"
+                torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True,
+                                           msg=lambda m: f"{sample}: grad of operand {i}: {m}")
+        checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op.error_inputs_func is not None], ids=_id)
+def test_error_inputs_raise_like_torch(op):
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    for err in op.error_inputs("cpu"):
+        s = err.sample_input
+        with pytest.raises(err.error_type):
+            ours_fn(s.input, *s.args, **s.kwargs)
