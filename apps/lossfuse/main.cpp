@@ -2,11 +2,20 @@
 //
 //   lossfuse bench [options]   times the loss kernels registered under bench/ (one <loss>_bench.cpp each)
 //                              against this machine's measured bandwidth and a scalar baseline.
+//   lossfuse bench-torch [options]
+//                              runs python/bench/torch_bench.py (lossfuse's cross_entropy against PyTorch's,
+//                              eager and compiled) with the source tree's .venv/bin/python, forwarding the options.
 //
-// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage.
+// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch
+// returns the script's status (127 when it cannot be started).
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <span>
@@ -17,6 +26,10 @@
 
 #include "bench_common.hpp"
 #include "lossfuse/parallel.hpp"
+
+#ifndef LOSSFUSE_SOURCE_DIR
+#error "LOSSFUSE_SOURCE_DIR (the source tree, for bench-torch) must be defined by the build"
+#endif
 
 namespace {
 
@@ -70,8 +83,11 @@ void print_usage(std::ostream& os) {
   os << "usage: lossfuse <command> [options]\n"
         "\n"
         "commands:\n"
-        "  bench     time lossfuse's loss kernels against this machine's memory bandwidth and a scalar baseline\n"
-        "  help      this help (also -h, --help)\n"
+        "  bench        time lossfuse's loss kernels against this machine's memory bandwidth and a scalar "
+        "baseline\n"
+        "  bench-torch  time lossfuse's cross_entropy against PyTorch's (eager and torch.compile), with peak memory\n"
+        "               (runs python/bench/torch_bench.py in the source tree's .venv; needs scripts/setup_python.sh)\n"
+        "  help         this help (also -h, --help)\n"
         "\n"
         "'lossfuse <command> --help' describes a command's options.\n";
 }
@@ -214,6 +230,44 @@ int bench_command(std::span<const std::string_view> args) {
   return lb::run_bench(options);
 }
 
+// bench-torch: replaces this process with `<python> <source>/python/bench/torch_bench.py args...`, so the script's
+// output and exit status are the command's. <python> is $LOSSFUSE_PYTHON when set, else the source tree's
+// .venv/bin/python (made by scripts/setup_python.sh).
+int bench_torch_command(std::span<const std::string_view> args) {
+  const std::string source_dir = LOSSFUSE_SOURCE_DIR;
+  const std::string script = source_dir + "/python/bench/torch_bench.py";
+  const char* python_env = std::getenv("LOSSFUSE_PYTHON");
+  const bool from_env = python_env != nullptr && *python_env != '\0';
+  const std::string python = from_env ? std::string(python_env) : source_dir + "/.venv/bin/python";
+  constexpr int kCannotRun = 127;
+  if (access(python.c_str(), X_OK) != 0) {
+    if (from_env) {
+      std::cerr << "lossfuse bench-torch: LOSSFUSE_PYTHON=" << python << " is not an executable\n";
+    } else {
+      std::cerr << "lossfuse bench-torch: no Python environment at " << python << "\n(run scripts/setup_python.sh in "
+                << source_dir << " first)\n";
+    }
+    return kCannotRun;
+  }
+  if (access(script.c_str(), R_OK) != 0) {
+    std::cerr << "lossfuse bench-torch: the script " << script << " is missing\n";
+    return kCannotRun;
+  }
+  std::vector<std::string> argv_strings{python, script};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_strings) {
+    argv.push_back(a.data());
+  }
+  argv.push_back(nullptr);
+  setenv("LOSSFUSE_CLI", "1", 1);  // the script then names itself 'lossfuse bench-torch' in its usage
+  std::cout.flush();
+  std::cerr.flush();
+  execv(python.c_str(), argv.data());
+  std::cerr << "lossfuse bench-torch: cannot run " << python << ": " << std::strerror(errno) << '\n';
+  return kCannotRun;
+}
+
 struct Command {
   std::string_view name;
   int (*run)(std::span<const std::string_view> args);
@@ -221,6 +275,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"bench", bench_command},
+    {"bench-torch", bench_torch_command},
 };
 
 }  // namespace

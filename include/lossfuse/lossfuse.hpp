@@ -6,6 +6,8 @@
 #include "lossfuse/ctc.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
+#include "lossfuse/gemm.hpp"
+#include "lossfuse/linear_cross_entropy.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/margin.hpp"
 #include "lossfuse/nll.hpp"

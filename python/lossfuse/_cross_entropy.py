@@ -63,6 +63,9 @@ def _ce_setup(ctx, inputs, output):
         compute_grad = inputs
     loss, lse, z_loss, grad = output
     ctx.mark_non_differentiable(lse, z_loss, grad)
+    # Outputs that get no gradient (lse, z_loss, the N x V gradient buffer) must not be filled with zeros for
+    # backward: that would cost an N x V allocation and write per step.
+    ctx.set_materialize_grads(False)
     ctx.args = (reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
     ctx.compute_grad = compute_grad
     ctx.eager_grad = None
@@ -127,6 +130,8 @@ def _differentiable_grads(loss_fn, inputs, wanted, grad_output):
 def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     input, target, weight, lse, grad = ctx.saved_tensors
     grad_input = grad_target = None
+    if grad_loss is None:  # only the non-differentiable outputs were used
+        return grad_input, grad_target, None, None, None, None, None, None, None, None
     if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
         wanted = [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and target.is_floating_point()]
         grad_input, grad_target = _differentiable_grads(

@@ -23,6 +23,7 @@ constexpr Family kFamilies[] = {
     {LossKind::margin_ranking, false},
     {LossKind::triplet_margin, false}, {LossKind::cosine_embedding, false}, {LossKind::multi_margin, false},
     {LossKind::multilabel_margin, false}, {LossKind::multilabel_soft_margin, false},
+    {LossKind::fused_linear_cross_entropy, true},
 };
 
 constexpr std::size_t count_entries() {
