@@ -8,7 +8,7 @@ kernels are registered as torch custom ops under `torch.ops.lossfuse`.
 import torch as _torch
 
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
-from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc  # noqa: F401  (fake and autograd registrations)
+from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
 from ._patch import patch_torch, unpatch_torch
 

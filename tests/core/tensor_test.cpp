@@ -43,6 +43,10 @@ TEST(TensorView, ScalarAndEmpty) {
   EXPECT_TRUE(s.is_contiguous());
   const TensorView e = TensorView::contiguous(nullptr, DType::f32, {3, 0, 5});
   EXPECT_EQ(e.numel(), 0);
+  // An empty tensor is contiguous whatever its strides (torch gives (5, 0, 7) strides (7, 7, 1)).
+  TensorView z = TensorView::contiguous(nullptr, DType::f32, {5, 0, 7});
+  z.strides = {7, 7, 1};
+  EXPECT_TRUE(z.is_contiguous());
 }
 
 TEST(TensorView, NonContiguous) {

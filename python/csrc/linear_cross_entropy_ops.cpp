@@ -1,0 +1,160 @@
+// Fused linear + cross-entropy as torch ops, and the GEMM hook that runs lossfuse's products on torch's own
+// matmul (no second BLAS in a torch process).
+#include <algorithm>
+#include <vector>
+
+#include "binding.hpp"
+#include "lossfuse/gemm.hpp"
+#include "lossfuse/linear_cross_entropy.hpp"
+
+namespace lossfuse::torch_binding {
+namespace {
+
+at::ScalarType scalar_type(DType t) {
+  switch (t) {
+    case DType::f64: return at::kDouble;
+    case DType::bf16: return at::kBFloat16;
+    case DType::f16: return at::kHalf;
+    default: return at::kFloat;
+  }
+}
+
+// op(M) as a (rows x cols) strided view over a row-major buffer with leading dimension ld.
+at::Tensor operand(const void* p, DType t, bool trans, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  const auto opts = at::TensorOptions().dtype(scalar_type(t));
+  const std::vector<std::int64_t> strides = trans ? std::vector<std::int64_t>{1, ld} : std::vector<std::int64_t>{ld, 1};
+  return at::from_blob(const_cast<void*>(p), {rows, cols}, strides, opts);
+}
+
+// C = alpha op(A) op(B) + beta C. float32/float64 operands multiply straight into C. 16-bit operands: torch's CPU
+// matmul has no float32-output variant, so the product is formed in the operands' dtype (as torch's own 16-bit
+// linear layers do) over blocks of C's rows, each block then added into C in float32; the temporary stays under
+// 16M elements whatever the call's size.
+bool torch_gemm(const GemmCall& g, void*) noexcept {
+  try {
+    const DType cdt = g.ab_dtype == DType::f64 ? DType::f64 : DType::f32;
+    const at::Tensor A = operand(g.a, g.ab_dtype, g.trans_a, g.m, g.k, g.lda);
+    const at::Tensor B = operand(g.b, g.ab_dtype, g.trans_b, g.k, g.n, g.ldb);
+    at::Tensor C = operand(g.c, cdt, false, g.m, g.n, g.ldc);
+    if (g.ab_dtype == DType::f32 || g.ab_dtype == DType::f64) {
+      if (g.beta == 0.0 && g.alpha == 1.0) {
+        at::mm_out(C, A, B);
+      } else {
+        at::addmm_out(C, C, A, B, g.beta, g.alpha);
+      }
+      return true;
+    }
+    const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 24) / std::max<std::int64_t>(g.n, 1));
+    for (std::int64_t i0 = 0; i0 < g.m; i0 += block) {
+      const std::int64_t i1 = std::min(g.m, i0 + block);
+      const at::Tensor prod = at::mm(A.slice(0, i0, i1), B);
+      at::Tensor c = C.slice(0, i0, i1);
+      if (g.beta == 0.0) {
+        c.copy_(prod);
+        if (g.alpha != 1.0) c.mul_(g.alpha);
+      } else {
+        if (g.beta != 1.0) c.mul_(g.beta);
+        c.add_(prod, g.alpha);
+      }
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+const bool g_gemm_hook_installed = [] {
+  set_gemm_hook(&torch_gemm);
+  return true;
+}();
+
+LinearCrossEntropyOptions lce_options(const std::optional<at::Tensor>& class_weight, std::int64_t red,
+                                      std::int64_t ignore_index, double label_smoothing, double logit_scale,
+                                      double softcap, double z_loss_scale, std::int64_t chunk_rows,
+                                      std::int64_t memory_budget) {
+  LinearCrossEntropyOptions o;
+  o.ce.reduction = reduction(red);
+  o.ce.ignore_index = ignore_index;
+  o.ce.label_smoothing = label_smoothing;
+  o.ce.weight = view(class_weight, "weight");
+  o.ce.logit_scale = logit_scale;
+  o.ce.softcap = softcap;
+  o.ce.z_loss_scale = z_loss_scale;
+  o.chunk_rows = chunk_rows;
+  o.memory_budget = memory_budget;
+  return o;
+}
+
+LinearCrossEntropyGrads grad_views(const at::Tensor& gx, const at::Tensor& gw, const at::Tensor& gb,
+                                   const c10::List<bool>& mask) {
+  return {grad_view(gx, mask[0], "grad_input"), grad_view(gw, mask[1], "grad_linear_weight"),
+          grad_view(gb, mask[2], "grad_linear_bias")};
+}
+
+at::Tensor new_bias_grad(const std::optional<at::Tensor>& bias, const at::Tensor& input, bool wanted) {
+  return wanted && bias.has_value() ? new_grad(*bias, true) : new_grad(input, false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy(
+    const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& linear_bias, const std::optional<at::Tensor>& weight, std::int64_t red,
+    std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap, double z_loss_scale,
+    std::int64_t chunk_rows, std::int64_t memory_budget, c10::List<bool> grad_mask) {
+  const std::int64_t N = input.dim() >= 1 ? input.size(0) : 0;
+  at::Tensor loss = new_loss(input, {N}, red);
+  at::Tensor lse = new_acc(input, {N});
+  at::Tensor z_loss = new_loss(input, {N}, red);
+  at::Tensor gx = new_grad(input, grad_mask[0]);
+  at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
+  at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
+  guarded([&] {
+    const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
+                               chunk_rows, memory_budget);
+    linear_cross_entropy_forward(view(input, "input"), view(linear_weight, "linear_weight"),
+                                 view(linear_bias, "linear_bias"), view(target, "target"), o,
+                                 CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
+                                 grad_views(gx, gw, gb, grad_mask));
+  });
+  return {loss, lse, z_loss, gx, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
+    const at::Tensor& lse, const std::optional<at::Tensor>& linear_bias, const std::optional<at::Tensor>& weight,
+    std::int64_t red, std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
+    double z_loss_scale, std::int64_t chunk_rows, std::int64_t memory_budget, c10::List<bool> grad_mask) {
+  at::Tensor gx = new_grad(input, grad_mask[0]);
+  at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
+  at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
+  guarded([&] {
+    const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
+                               chunk_rows, memory_budget);
+    lossfuse::linear_cross_entropy_backward(view(input, "input"), view(linear_weight, "linear_weight"),
+                                            view(linear_bias, "linear_bias"), view(target, "target"),
+                                            view(lse, "lse"), view(grad_output, "grad_output"), o,
+                                            grad_views(gx, gw, gb, grad_mask));
+  });
+  return {gx, gw, gb};
+}
+
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
+  m.def(
+      "linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, "
+      "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale, "
+      "int chunk_rows, int memory_budget, bool[3] grad_mask) -> (Tensor loss, Tensor lse, Tensor z_loss, "
+      "Tensor grad_input, Tensor grad_linear_weight, Tensor grad_linear_bias)");
+  m.def(
+      "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor linear_weight, Tensor target, "
+      "Tensor lse, Tensor? linear_bias, Tensor? weight, int reduction, int ignore_index, float label_smoothing, "
+      "float logit_scale, float softcap, float z_loss_scale, int chunk_rows, int memory_budget, bool[3] grad_mask) "
+      "-> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
+  using namespace lossfuse::torch_binding;
+  m.impl("linear_cross_entropy", &linear_cross_entropy);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
+}

@@ -1,0 +1,186 @@
+"""linear_cross_entropy: cross_entropy(input @ linear_weight.T + linear_bias, target) without the N x V logits."""
+
+import warnings
+
+import torch
+import torch.nn as _tnn
+
+from ._common import acc_dtype, new_grad, reduction_code
+
+_ops = torch.ops.lossfuse
+_torch_cross_entropy = torch.nn.functional.cross_entropy
+
+DEFAULT_MEMORY_BUDGET = 64 << 20  # bytes of float32 logits per chunk
+
+
+def _bias_grad_fake(bias, input, wanted):
+    return new_grad(bias, True) if wanted and bias is not None else new_grad(input, False)
+
+
+@torch.library.register_fake("lossfuse::linear_cross_entropy")
+def _lce_fake(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+              logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, grad_mask):
+    n = input.shape[0]
+    loss = input.new_empty((n,) if reduction == 0 else (), dtype=acc_dtype(input))
+    return (loss, input.new_empty((n,), dtype=acc_dtype(input)), torch.empty_like(loss),
+            new_grad(input, grad_mask[0]), new_grad(linear_weight, grad_mask[1]),
+            _bias_grad_fake(linear_bias, input, grad_mask[2]))
+
+
+@torch.library.register_fake("lossfuse::linear_cross_entropy_backward")
+def _lce_bwd_fake(grad_output, input, linear_weight, target, lse, linear_bias, weight, reduction, ignore_index,
+                  label_smoothing, logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, grad_mask):
+    return (new_grad(input, grad_mask[0]), new_grad(linear_weight, grad_mask[1]),
+            _bias_grad_fake(linear_bias, input, grad_mask[2]))
+
+
+def _is_eager(t):
+    return type(t) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def _lce_setup(ctx, inputs, output):
+    input, linear_weight, target, linear_bias, weight = inputs[:5]
+    ctx.args = tuple(inputs[5:13])  # reduction .. memory_budget
+    ctx.precomputed = any(inputs[13])
+    loss, lse, z_loss, gx, gw, gb = output
+    ctx.mark_non_differentiable(lse, z_loss, gx, gw, gb)
+    ctx.set_materialize_grads(False)
+    ctx.eager = None
+    if ctx.precomputed and _is_eager(loss):
+        # Gradients made in the forward for an upstream gradient of 1, rescaled in place by backward (outside
+        # save_for_backward's version check; each remembers the scale already applied).
+        ctx.eager = [(g, torch.ones((), dtype=loss.dtype)) for g in (gx, gw, gb)]
+        gx = gw = gb = None
+    ctx.save_for_backward(input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb)
+
+
+def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_gb):
+    input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    wanted = [need[0], need[1], need[3] and linear_bias is not None]
+    out = [None, None, None]
+    if grad_loss is None or not any(wanted):
+        pass
+    elif torch.is_grad_enabled():  # create_graph=True: differentiate torch's own composition
+        def f(x, w, b):
+            logits = torch.nn.functional.linear(x, w, b)
+            return _reference_loss(logits, target, weight, ctx.args)
+        diff = [t for t, w in zip((input, linear_weight, linear_bias), wanted) if w]
+        grads = iter(torch.autograd.grad(f(input, linear_weight, linear_bias), diff, grad_loss, create_graph=True))
+        out = [next(grads) if w else None for w in wanted]
+    elif ctx.precomputed:
+        held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
+        for i, (g, applied) in enumerate(held):
+            if not wanted[i]:
+                continue
+            if applied is not None:
+                _ops.rescale_grad_(g, applied, grad_loss)
+                out[i] = g
+            else:
+                out[i] = (g * grad_loss).to(g.dtype)
+    else:
+        out = list(_ops.linear_cross_entropy_backward(grad_loss, input, linear_weight, target, lse, linear_bias,
+                                                      weight, *ctx.args, wanted))
+        out = [g if w else None for g, w in zip(out, wanted)]
+    return out[0], out[1], None, out[2], None, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("lossfuse::linear_cross_entropy", _lce_backward, setup_context=_lce_setup)
+
+
+def _reference_loss(logits, target, weight, args):
+    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = args[:6]
+    z = logits * logit_scale
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    t = target.long()
+    loss = _torch_cross_entropy(z, t, weight, ignore_index=ignore_index, reduction="none",
+                                label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    if z_loss_scale:
+        zl = z_loss_scale * torch.logsumexp(z, 1) ** 2
+        loss = loss + torch.where(valid, zl, torch.zeros_like(zl))
+    if reduction == 0:
+        return loss
+    if reduction == 2:
+        return loss.sum()
+    wy = weight[torch.where(valid, t, 0)] if weight is not None else torch.ones_like(loss)
+    return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
+                         ignore_index=None, label_smoothing=0.0, options=None, softcap=0.0, z_loss_scale=0.0,
+                         logit_scale=1.0, return_lse=False, strategy="auto", chunk_rows=0,
+                         memory_budget=DEFAULT_MEMORY_BUDGET):
+    """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
+
+    input (..., H), linear_weight (V, H), target (...) class indices of any integer dtype, linear_bias (V).
+    The logits are made chunk by chunk (chunk_rows rows, or as many as fit memory_budget bytes of float32) and
+    reduced at once. strategy:
+      'chunked'   gradients of input, linear_weight and linear_bias are computed during the forward pass and
+                  kept until backward (reduction 'mean' or 'sum'; the fastest: one pass);
+      'recompute' the forward keeps only the per-row log-sum-exp and backward recomputes the logits (any
+                  upstream gradient, reduction 'none' included; retain_graph and checkpointing are fine);
+      'auto'      'chunked' when gradients are needed and the reduction is 'mean' or 'sum', else 'recompute'.
+    lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. `options` (torch's
+    LinearCrossEntropyOptions) is accepted and ignored: lossfuse always chunks. Probability targets and
+    multi-dimensional weights fall back to cross_entropy on the full logits, with a warning.
+    """
+    del options
+    red = reduction_code(reduction)
+    if ignore_index is None:
+        ignore_index = -100
+    if target.is_floating_point() or linear_weight.dim() != 2 or input.dim() < 1:
+        warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
+                      "computed from the full logits", stacklevel=2)
+        from ._cross_entropy import cross_entropy
+        logits = torch.nn.functional.linear(input, linear_weight.reshape(linear_weight.shape[0], -1), linear_bias)
+        return cross_entropy(logits.movedim(-1, 1) if logits.dim() > 2 else logits, target, weight,
+                             ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+                             softcap=softcap, z_loss_scale=z_loss_scale, logit_scale=logit_scale,
+                             return_lse=return_lse)
+    if strategy not in ("auto", "chunked", "recompute"):
+        raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
+    lead = input.shape[:-1]
+    x = input.reshape(-1, input.shape[-1])
+    t = target.reshape(-1)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    w = linear_weight if linear_weight.stride(-1) == 1 else linear_weight.contiguous()
+    grad_on = torch.is_grad_enabled()
+    wants = [grad_on and input.requires_grad, grad_on and linear_weight.requires_grad,
+             grad_on and linear_bias is not None and linear_bias.requires_grad]
+    chunked = strategy == "chunked" or (strategy == "auto" and red != 0)
+    if chunked and red == 0:
+        raise ValueError("strategy 'chunked' needs reduction 'mean' or 'sum' (use 'recompute' for 'none')")
+    mask = wants if chunked and any(wants) else [False, False, False]
+    loss, lse, _, _, _, _ = _ops.linear_cross_entropy(
+        x, w, t, linear_bias, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
+        float(softcap), float(z_loss_scale), int(chunk_rows), int(memory_budget), mask)
+    if red == 0:
+        loss = loss.reshape(lead)
+    loss = loss if loss.dtype == input.dtype else loss.to(input.dtype)
+    return (loss, lse.reshape(lead)) if return_lse else loss
+
+
+class LinearCrossEntropyLoss(_tnn.LinearCrossEntropyLoss):
+    """torch.nn.LinearCrossEntropyLoss (it owns the classifier's linear layer), computed by
+    linear_cross_entropy; lossfuse's extras as keyword-only constructor arguments."""
+
+    def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, strategy="auto", chunk_rows=0,
+                 memory_budget=DEFAULT_MEMORY_BUDGET, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extras = dict(softcap=softcap, z_loss_scale=z_loss_scale, logit_scale=logit_scale, strategy=strategy,
+                           chunk_rows=chunk_rows, memory_budget=memory_budget)
+
+    def forward(self, input, target):
+        linear_weight = self.linear.weight.reshape((self.num_classes, *self.out_features, self.linear.in_features))
+        linear_bias = (self.linear.bias.reshape((self.num_classes, *self.out_features))
+                       if self.linear.bias is not None else None)
+        return linear_cross_entropy(input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
+                                    reduction=self.reduction, ignore_index=self.ignore_index,
+                                    label_smoothing=self.label_smoothing, options=self.options, **self.extras)
+
+
+FUNCTIONS = ["linear_cross_entropy"]
+MODULES = ["LinearCrossEntropyLoss"]

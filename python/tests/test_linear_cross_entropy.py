@@ -1,0 +1,176 @@
+"""lossfuse.nn.functional.linear_cross_entropy against torch's cross_entropy(linear(x, W, b)) and torch's own
+linear_cross_entropy: values and gradients of x, W and b for every option, both strategies, chunks that do not
+divide the batch, upstream gradients that are not 1; gradcheck, opcheck, torch.compile, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lossfuse
+import lossfuse.nn.functional as LF
+
+REDUCTIONS = ["none", "mean", "sum"]
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+def make(n, h, v, dtype, seed=0, ignored=0.2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(v, h, generator=g, dtype=torch.float64) / h**0.5).to(dtype)
+    b = (torch.randn(v, generator=g, dtype=torch.float64) * 0.1).to(dtype)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[torch.rand(n, generator=g) < ignored] = -100
+    return x, w, b, t
+
+
+def reference(x, w, b, t, reduction, cw=None, label_smoothing=0.0, softcap=0.0, logit_scale=1.0, z_loss_scale=0.0):
+    """cross_entropy of linear in float64 (lossfuse's extras composed from torch ops)."""
+    z = F.linear(x.double(), w.double(), None if b is None else b.double()) * logit_scale
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    loss = F.cross_entropy(z, t, None if cw is None else cw.double(), reduction="none",
+                           label_smoothing=label_smoothing)
+    valid = t != -100
+    loss = loss + torch.where(valid, z_loss_scale * torch.logsumexp(z, 1) ** 2, torch.zeros_like(loss))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    wy = cw.double()[torch.where(valid, t, 0)] if cw is not None else torch.ones_like(loss)
+    return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
+
+
+def compare(dtype, reduction, strategy, chunk_rows, bias=True, **opts):
+    x, w, b, t = make(29, 16, 203, dtype, seed=hash((str(dtype), reduction, strategy, chunk_rows)) % 1000)
+    b = b if bias else None
+    leaves = [x.requires_grad_(), w.requires_grad_()] + ([b.requires_grad_()] if bias else [])
+    ours = LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, strategy=strategy,
+                                   chunk_rows=chunk_rows, **opts)
+    refs = [p.detach().double().requires_grad_() for p in leaves]
+    ref = reference(refs[0], refs[1], refs[2] if bias else None, t, reduction,
+                    **{k: v for k, v in opts.items() if k != "weight"}, cw=opts.get("weight"))
+    assert ours.dtype == dtype and ours.shape == ref.shape
+    scale = max(ref.abs().max().item(), 1.0)
+    torch.testing.assert_close(ours.double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * scale, equal_nan=True)
+    g = torch.rand(ref.shape, dtype=torch.float64) + 0.5
+    ours_g = torch.autograd.grad(ours, leaves, g.to(dtype))
+    ref_g = torch.autograd.grad(ref, refs, g)
+    for name, a, r in zip(["input", "linear_weight", "linear_bias"], ours_g, ref_g):
+        assert a.dtype == dtype
+        tol = TOL[dtype] * max(r.abs().max().item(), 1e-3)
+        torch.testing.assert_close(a.double(), r, rtol=TOL[dtype], atol=tol, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("strategy", ["auto", "recompute"])
+@pytest.mark.parametrize("chunk_rows", [0, 4])
+def test_matches_cross_entropy_of_linear(dtype, reduction, strategy, chunk_rows):
+    compare(dtype, reduction, strategy, chunk_rows)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("opts", [dict(label_smoothing=0.1), dict(softcap=3.0, logit_scale=0.7),
+                                  dict(z_loss_scale=1e-2), dict(weight="w", label_smoothing=0.2)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_options(reduction, opts, bias):
+    if opts.get("weight") == "w":
+        opts = dict(opts, weight=torch.rand(203, dtype=torch.float64) + 0.3)
+    compare(torch.float64, reduction, "auto", 6, bias=bias, **opts)
+    compare(torch.float32, reduction, "recompute", 0, bias=bias, **opts)
+
+
+def test_matches_torch_linear_cross_entropy_and_module():
+    x, w, b, t = make(40, 12, 97, torch.float32, seed=3)
+    ours = LF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.05)
+    theirs = F.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.05)
+    torch.testing.assert_close(ours, theirs)
+    torch.manual_seed(0)
+    m_ours = lossfuse.nn.LinearCrossEntropyLoss(12, 97, bias=True)
+    torch.manual_seed(0)
+    m_theirs = torch.nn.LinearCrossEntropyLoss(12, 97, bias=True)
+    torch.testing.assert_close(m_ours(x, t), m_theirs(x, t))
+
+
+def test_leading_dims_and_all_ignored():
+    x, w, b, t = make(12, 8, 31, torch.float64, seed=4)
+    ours = LF.linear_cross_entropy(x.reshape(3, 4, 8), w, t.reshape(3, 4), reduction="none")
+    torch.testing.assert_close(ours, reference(x, w, None, t, "none").reshape(3, 4))
+    t_all = torch.full((12,), -100)
+    xg = x.clone().requires_grad_()
+    loss = LF.linear_cross_entropy(xg, w, t_all)
+    assert torch.isnan(loss)  # torch: mean over no target is nan
+    assert torch.equal(torch.autograd.grad(loss, xg)[0], torch.zeros_like(x))
+
+
+def test_retain_graph_and_second_backward():
+    x, w, b, t = make(9, 6, 17, torch.float64, seed=5)
+    x.requires_grad_()
+    loss = LF.linear_cross_entropy(x, w, t, linear_bias=b)
+    g1 = torch.autograd.grad(loss, x, torch.tensor(2.0, dtype=torch.float64), retain_graph=True)[0].clone()
+    g2 = torch.autograd.grad(loss, x, retain_graph=True)[0]
+    torch.testing.assert_close(g1, 2 * g2)
+    x64 = x.detach().requires_grad_()
+    torch.testing.assert_close(g2, torch.autograd.grad(reference(x64, w, b, t, "mean"), x64)[0])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradcheck(reduction):
+    x, w, b, t = make(5, 4, 7, torch.float64, seed=6)
+    leaves = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_())
+
+    def fn(x, w, b):
+        return LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, label_smoothing=0.1,
+                                       chunk_rows=2)
+
+    assert torch.autograd.gradcheck(fn, leaves)
+    assert torch.autograd.gradgradcheck(fn, leaves)
+
+
+@pytest.mark.parametrize("grad_mask", [[False, False, False], [True, True, True]], ids=str)
+def test_opcheck(grad_mask):
+    x, w, b, t = make(6, 5, 9, torch.float32, seed=7)
+    ops = torch.ops.lossfuse
+    args = (x, w, t, b, None, 1, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, grad_mask)
+    torch.library.opcheck(ops.linear_cross_entropy.default, args)
+    lse = ops.linear_cross_entropy(*args)[1]
+    torch.library.opcheck(ops.linear_cross_entropy_backward.default,
+                          (torch.rand(6), x, w, t, lse, b, None, 0, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, grad_mask))
+
+
+def test_torch_compile():
+    x, w, b, t = make(16, 8, 40, torch.float32, seed=8)
+    w.requires_grad_()
+    fn = torch.compile(lambda x, w, t: LF.linear_cross_entropy(x, w, t, label_smoothing=0.1), fullgraph=True)
+    loss = fn(x, w, t)
+    loss.backward()
+    w2 = w.detach().requires_grad_()
+    ref = F.cross_entropy(F.linear(x, w2), t, label_smoothing=0.1)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_16bit_error_not_above_torch():
+    x, w, b, t = make(64, 64, 2000, torch.bfloat16, seed=9)
+    exact = reference(x, w, b, t, "mean")
+    ours = LF.linear_cross_entropy(x, w, t, linear_bias=b)
+    theirs = F.cross_entropy(F.linear(x, w, b), t)
+    half_ulp = 0.5 * torch.finfo(torch.bfloat16).eps * exact.abs().item()
+    assert (ours.double() - exact).abs() <= (theirs.double() - exact).abs() + half_ulp
+
+
+def test_bad_input():
+    x, w, b, t = make(6, 5, 9, torch.float32, seed=10)
+    with pytest.raises(ValueError, match="weight"):
+        LF.linear_cross_entropy(x, w[:, :4], t)
+    with pytest.raises(ValueError, match="bias"):
+        LF.linear_cross_entropy(x, w, t, linear_bias=b[:5])
+    with pytest.raises(RuntimeError, match="weight"):
+        LF.linear_cross_entropy(x, w.double(), t)
+    bad = t.clone()
+    bad[2] = 9
+    with pytest.raises(IndexError, match=r"target.*got 9 at position \[2\]"):
+        LF.linear_cross_entropy(x, w, bad)
+    with pytest.raises(ValueError, match="strategy"):
+        LF.linear_cross_entropy(x, w, t, strategy="fast")
