@@ -40,6 +40,12 @@ struct ScalarOps {
   LF_HOST_DEVICE V log(V a) const { return std::log(a); }
   LF_HOST_DEVICE V log1p(V a) const { return std::log1p(a); }
   LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
+  // Binary cross-entropy's negative log-likelihood for x in [0, 1] (checked by the caller) and any y, each log
+  // clamped at -100 as torch: -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)).
+  LF_HOST_DEVICE V bce_nll(V x, V y) const {
+    const V lx = std::log(x), l1mx = std::log1p(-x);
+    return -(y * (lx > V(-100) ? lx : V(-100)) + (V(1) - y) * (l1mx > V(-100) ? l1mx : V(-100)));
+  }
   // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN, +inf gives inf, -inf 0.
   LF_HOST_DEVICE V softplus(V a) const { return (a > V(0) ? a : V(0)) + std::log1p(std::exp(-std::fabs(a))); }
   LF_HOST_DEVICE M lt(V a, V b) const { return a < b; }
