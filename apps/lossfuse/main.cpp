@@ -5,9 +5,12 @@
 //   lossfuse bench-torch [options]
 //                              runs python/bench/torch_bench.py (lossfuse's cross_entropy against PyTorch's,
 //                              eager and compiled) with the source tree's .venv/bin/python, forwarding the options.
+//   lossfuse bench-linear [options]
+//                              runs python/bench/linear_bench.py (lossfuse's fused linear_cross_entropy against
+//                              PyTorch's linear_cross_entropy, the unfused path and the GEMMs alone) the same way.
 //
-// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch
-// returns the script's status (127 when it cannot be started).
+// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch and
+// bench-linear return the script's status (127 when it cannot be started).
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,7 +31,7 @@
 #include "lossfuse/parallel.hpp"
 
 #ifndef LOSSFUSE_SOURCE_DIR
-#error "LOSSFUSE_SOURCE_DIR (the source tree, for bench-torch) must be defined by the build"
+#error "LOSSFUSE_SOURCE_DIR (the source tree, for bench-torch and bench-linear) must be defined by the build"
 #endif
 
 namespace {
@@ -87,6 +90,9 @@ void print_usage(std::ostream& os) {
         "baseline\n"
         "  bench-torch  time lossfuse's cross_entropy against PyTorch's (eager and torch.compile), with peak memory\n"
         "               (runs python/bench/torch_bench.py in the source tree's .venv; needs scripts/setup_python.sh)\n"
+        "  bench-linear time lossfuse's fused linear_cross_entropy against PyTorch's, the unfused\n"
+        "               cross_entropy(x @ W.T + b) and the three GEMMs alone, with peak memory\n"
+        "               (runs python/bench/linear_bench.py the same way)\n"
         "  help         this help (also -h, --help)\n"
         "\n"
         "'lossfuse <command> --help' describes a command's options.\n";
@@ -230,27 +236,27 @@ int bench_command(std::span<const std::string_view> args) {
   return lb::run_bench(options);
 }
 
-// bench-torch: replaces this process with `<python> <source>/python/bench/torch_bench.py args...`, so the script's
-// output and exit status are the command's. <python> is $LOSSFUSE_PYTHON when set, else the source tree's
-// .venv/bin/python (made by scripts/setup_python.sh).
-int bench_torch_command(std::span<const std::string_view> args) {
+// bench-torch, bench-linear: replace this process with `<python> <source>/python/bench/<script> args...`, so the
+// script's output and exit status are the command's. <python> is $LOSSFUSE_PYTHON when set, else the source tree's
+// .venv/bin/python (made by scripts/setup_python.sh). Returns only when the script cannot be started.
+int run_python_script(std::string_view command, std::string_view script_name, std::span<const std::string_view> args) {
   const std::string source_dir = LOSSFUSE_SOURCE_DIR;
-  const std::string script = source_dir + "/python/bench/torch_bench.py";
+  const std::string script = source_dir + "/python/bench/" + std::string(script_name);
   const char* python_env = std::getenv("LOSSFUSE_PYTHON");
   const bool from_env = python_env != nullptr && *python_env != '\0';
   const std::string python = from_env ? std::string(python_env) : source_dir + "/.venv/bin/python";
   constexpr int kCannotRun = 127;
   if (access(python.c_str(), X_OK) != 0) {
     if (from_env) {
-      std::cerr << "lossfuse bench-torch: LOSSFUSE_PYTHON=" << python << " is not an executable\n";
+      std::cerr << "lossfuse " << command << ": LOSSFUSE_PYTHON=" << python << " is not an executable\n";
     } else {
-      std::cerr << "lossfuse bench-torch: no Python environment at " << python << "\n(run scripts/setup_python.sh in "
-                << source_dir << " first)\n";
+      std::cerr << "lossfuse " << command << ": no Python environment at " << python
+                << "\n(run scripts/setup_python.sh in " << source_dir << " first)\n";
     }
     return kCannotRun;
   }
   if (access(script.c_str(), R_OK) != 0) {
-    std::cerr << "lossfuse bench-torch: the script " << script << " is missing\n";
+    std::cerr << "lossfuse " << command << ": the script " << script << " is missing\n";
     return kCannotRun;
   }
   std::vector<std::string> argv_strings{python, script};
@@ -260,12 +266,20 @@ int bench_torch_command(std::span<const std::string_view> args) {
     argv.push_back(a.data());
   }
   argv.push_back(nullptr);
-  setenv("LOSSFUSE_CLI", "1", 1);  // the script then names itself 'lossfuse bench-torch' in its usage
+  setenv("LOSSFUSE_CLI", "1", 1);  // the script then names itself 'lossfuse <command>' in its usage
   std::cout.flush();
   std::cerr.flush();
   execv(python.c_str(), argv.data());
-  std::cerr << "lossfuse bench-torch: cannot run " << python << ": " << std::strerror(errno) << '\n';
+  std::cerr << "lossfuse " << command << ": cannot run " << python << ": " << std::strerror(errno) << '\n';
   return kCannotRun;
+}
+
+int bench_torch_command(std::span<const std::string_view> args) {
+  return run_python_script("bench-torch", "torch_bench.py", args);
+}
+
+int bench_linear_command(std::span<const std::string_view> args) {
+  return run_python_script("bench-linear", "linear_bench.py", args);
 }
 
 struct Command {
@@ -276,6 +290,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"bench", bench_command},
     {"bench-torch", bench_torch_command},
+    {"bench-linear", bench_linear_command},
 };
 
 }  // namespace

@@ -15,7 +15,32 @@
 //  2. forward without grads, then linear_cross_entropy_backward from the saved per-row log-sum-exp, which
 //     recomputes each chunk's logits: any upstream gradient (reduction 'none' included, per row), any number of
 //     times (retain_graph, activation checkpointing).
-// The chunk has max(1, min(N, chunk_rows or memory_budget / (V * 4 bytes))) rows.
+// The chunk has max(1, min(N, chunk_rows or memory_budget / (Vt * 4 bytes))) rows (8 bytes for float64 inputs),
+// Vt the vocabulary tile width below (V when untiled).
+//
+// Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
+// tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's
+// online log-sum-exp (src/math/vocab_tile_math.hpp); the backward recomputes each tile from the saved lse, turns
+// it into its gradient and adds its products into dx, dW[tile] and db[tile]. Results equal the untiled ones up to
+// rounding, for every option. Way 1 with tiles runs two sweeps over the tiles of each chunk: the forward, then the
+// backward from the lse it just made (the GEMMs of way 2's forward and backward together).
+//
+// Gradient filter (grad_filter = tau > 0, tiled only, off by default): in the backward (and way 1's second sweep),
+// a (row r, tile T) pair whose largest softmax probability max_{c in T} q_rc is below tau keeps only the -w_c b_c
+// part of its gradient d loss / d z_rc = g_r (q_rc A_r - w_c b_c) (the target and smoothing terms; see
+// cross_entropy_math.hpp: A_r = (1 - eps) w_y + (eps / V) sum_c w_c + 2 z_loss_scale lse_r, g_r the row's upstream
+// gradient, 1 / denominator of 'mean' included) and drops g_r q_rc A_r. A tile dropped by every row of a chunk,
+// with no target in it and no label smoothing, skips its GEMMs. The forward (loss, lse) is exact. Error bound, with
+// s = |logit_scale| (|dz/dx| <= s, softcap included), a_r = |g_r A_r| and D_r the number of classes in row r's
+// dropped tiles, for the error E_rc of d loss / d logit_rc:
+//   each entry:  |E_rc| <= s a_r tau                          (q_rc < tau)
+//   per row:     sum_c |E_rc| <= s a_r min(1, D_r tau)       (the dropped q_rc also sum to <= 1)
+// and through the products (x_rh = x[r, h], W_ch = W[c, h]):
+//   |delta dx_rh| <= s a_r min(1, D_r tau) max_c |W_ch|
+//   |delta dW_ch| <= s tau sum_r a_r |x_rh|
+//   |delta db_c|  <= s tau sum_r a_r,      sum_c |delta db_c| <= s sum_r a_r min(1, D_r tau)
+// plus rounding. The dropped terms of a row all have the sign of g_r A_r (q >= 0), so they do not cancel: the
+// bounds are approached when every dropped q_rc is just below tau. tau = 0 gives exactly the unfiltered result.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +55,8 @@ struct LinearCrossEntropyOptions {
   CrossEntropyOptions ce;                          // index targets only (no soft targets)
   std::int64_t chunk_rows = 0;                     // 0: from memory_budget
   std::int64_t memory_budget = std::int64_t{64} << 20;  // bytes for one chunk of float32 logits (and its gradient)
+  std::int64_t vocab_tile = 0;                     // 0: whole vocabulary rows; > 0: tile width in classes
+  double grad_filter = 0.0;                        // 0: off; in (0, 1]: threshold (tiled only; see above)
 };
 
 struct LinearCrossEntropyGrads {

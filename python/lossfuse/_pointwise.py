@@ -1,1 +1,513 @@
-"""(being written)"""
+"""The elementwise losses (mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div, hinge_embedding_loss,
+margin_ranking_loss): fake implementations, autograd, and the torch-compatible functions and modules.
+
+The functions do what torch.nn.functional does before its kernel runs -- dtype promotion, broadcasting (with
+torch's warning), argument checks -- and hand the kernels operands of one dtype and one shape (broadcast ones as
+expanded views, so autograd sums their gradients back). Each op returns its loss in float32 (float64 for
+float64 operands); the function casts it to the dtype torch would return.
+"""
+
+import functools
+import math
+import warnings
+
+import torch
+import torch.nn as _tnn
+
+from ._common import new_grad, new_loss, reduction_code
+
+_ops = torch.ops.lossfuse
+_nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
+_MAX_DIMS = 8  # lossfuse::kMaxDims
+
+
+# ---- the losses as differentiable torch ops ----------------------------------------------------------------------
+# Each computes exactly what the lossfuse op of the same name computes from the same (promoted, broadcast)
+# operands and scalar arguments. Used for double backward (create_graph=True) and for hyperparameters the kernels
+# do not take (an infinite beta, delta or margin).
+
+
+def _reduce(loss, weight, reduction, mean_by_weight_sum):
+    if reduction == 0:
+        return loss
+    if reduction == 2:
+        return loss.sum()
+    return loss.sum() / weight.sum() if mean_by_weight_sum else loss.mean()
+
+
+def _mse_formula(x, t, w, reduction):
+    if w is None:
+        return _nn.mse_loss(x, t, reduction)
+    return _reduce((x - t).pow(2) * w, w, reduction, True)
+
+
+def _l1_formula(x, t, w, reduction):
+    if w is None:
+        return _nn.l1_loss(x, t, reduction)
+    return _reduce((x - t).abs() * w, w, reduction, True)
+
+
+def _smooth_l1_formula(x, t, reduction, beta):
+    # torch.nn.functional.smooth_l1_loss computes beta == 0 as l1_loss (gradient 0 where x == t).
+    return _nn.l1_loss(x, t, reduction) if beta == 0 else _nn.smooth_l1_loss(x, t, reduction, beta)
+
+
+def _huber_formula(x, t, w, reduction, delta):
+    if w is None:
+        return _nn.huber_loss(x, t, reduction, delta)
+    return _reduce(_nn.huber_loss(x, t, 0, delta) * w, w, reduction, False)
+
+
+def _kl_div_formula(x, t, reduction, batchmean, log_target):
+    if batchmean:
+        return torch.kl_div(x, t, 2, log_target=log_target) / (x.shape[0] if x.dim() else 1)
+    return torch.kl_div(x, t, reduction, log_target=log_target)
+
+
+def _hinge_formula(x, t, margin, reduction):
+    return torch.hinge_embedding_loss(x, t, margin, reduction)
+
+
+def _margin_ranking_formula(x1, x2, t, margin, reduction):
+    return torch.margin_ranking_loss(x1, x2, t, margin, reduction)
+
+
+# ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------------
+
+
+def _fake_loss(input, reduction):
+    return new_loss(input, input.shape, reduction)
+
+
+def _fake_grads(operands, mask):
+    return tuple(new_grad(t, wanted) for t, wanted in zip(operands, mask))
+
+
+@torch.library.register_fake("lossfuse::mse_loss")
+def _mse_fake(input, target, weight, reduction):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::mse_loss_backward")
+def _mse_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
+    return _fake_grads((input, target), output_mask)
+
+
+@torch.library.register_fake("lossfuse::l1_loss")
+def _l1_fake(input, target, weight, reduction):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::l1_loss_backward")
+def _l1_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
+    return _fake_grads((input, target), output_mask)
+
+
+@torch.library.register_fake("lossfuse::smooth_l1_loss")
+def _smooth_l1_fake(input, target, reduction, beta):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::smooth_l1_loss_backward")
+def _smooth_l1_bwd_fake(grad_output, input, target, reduction, beta, output_mask):
+    return _fake_grads((input, target), output_mask)
+
+
+@torch.library.register_fake("lossfuse::huber_loss")
+def _huber_fake(input, target, weight, reduction, delta):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::huber_loss_backward")
+def _huber_bwd_fake(grad_output, input, target, weight, reduction, delta, output_mask):
+    return _fake_grads((input, target), output_mask)
+
+
+@torch.library.register_fake("lossfuse::kl_div")
+def _kl_div_fake(input, target, reduction, batchmean, log_target):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::kl_div_backward")
+def _kl_div_bwd_fake(grad_output, input, target, reduction, batchmean, log_target, output_mask):
+    return _fake_grads((input, target), output_mask)
+
+
+@torch.library.register_fake("lossfuse::hinge_embedding_loss")
+def _hinge_fake(input, target, margin, reduction):
+    return _fake_loss(input, reduction)
+
+
+@torch.library.register_fake("lossfuse::hinge_embedding_loss_backward")
+def _hinge_bwd_fake(grad_output, input, target, margin, reduction):
+    return new_grad(input, True)
+
+
+@torch.library.register_fake("lossfuse::margin_ranking_loss")
+def _margin_ranking_fake(input1, input2, target, margin, reduction):
+    return _fake_loss(input1, reduction)
+
+
+@torch.library.register_fake("lossfuse::margin_ranking_loss_backward")
+def _margin_ranking_bwd_fake(grad_output, input1, input2, target, margin, reduction, output_mask):
+    return _fake_grads((input1, input2, target), output_mask)
+
+
+# ---- autograd ------------------------------------------------------------------------------------------------------
+
+
+def _differentiable_grads(formula, tensors, wanted, grad_output):
+    """Gradients of formula(*tensors) for the tensors flagged in `wanted`, as a differentiable graph. The formula
+    runs in the loss's (accumulation) dtype, the dtype of grad_output; the gradients come back in each tensor's."""
+    acc = grad_output.dtype
+    loss = formula(*[None if t is None else t.to(acc) for t in tensors])
+    diff = [t for t, w in zip(tensors, wanted) if w]
+    grads = iter(torch.autograd.grad(loss, diff, grad_output, create_graph=True, allow_unused=True))
+    return [next(grads) if w else None for w in wanted]
+
+
+def _weight_grad(op, x, t, w, loss, grad_output, reduction, extra, mean_by_weight_sum):
+    """d loss / d weight of a weighted mse/l1/huber op (torch differentiates the weight): grad * l per element for
+    'none' and 'sum', where l is the unweighted loss; for 'mean', (l - loss) / sum(w) (mean_by_weight_sum: mse,
+    l1) or l / numel (huber)."""
+    per_element = op(x, t, None, 0, *extra)
+    if reduction == 1:
+        if mean_by_weight_sum:
+            per_element = (per_element - loss) / w.to(per_element.dtype).sum()
+        else:
+            per_element = per_element / max(per_element.numel(), 1)
+    return (grad_output * per_element).to(w.dtype)
+
+
+def _register_autograd(name, n_operands, formula, weighted=False, mean_by_weight_sum=False):
+    """Autograd for lossfuse::<name>, whose first n_operands arguments are the differentiable operands, followed by
+    `Tensor? weight` when `weighted`, then the scalar arguments. The backward calls lossfuse::<name>_backward for
+    the operands' gradients (the weight's is computed here), or differentiates `formula` when a double backward
+    will follow."""
+    op = getattr(_ops, name)
+    backward_op = getattr(_ops, name + "_backward")
+    n_tensors = n_operands + int(weighted)
+
+    def setup_context(ctx, inputs, output):
+        ctx.args = tuple(inputs[n_tensors:])
+        weight = inputs[n_operands] if weighted else None
+        # The loss is needed by a weighted mean's weight gradient only.
+        keep_loss = weight is not None and weight.requires_grad
+        ctx.save_for_backward(*inputs[:n_tensors], output if keep_loss else None)
+
+    def backward(ctx, grad_output):
+        *tensors, loss = ctx.saved_tensors
+        none_for_args = [None] * len(ctx.args)
+        wanted = list(ctx.needs_input_grad[:n_tensors])
+        if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
+            grads = _differentiable_grads(lambda *ts: formula(*ts, *ctx.args), tensors, wanted, grad_output)
+            return (*grads, *none_for_args)
+        grads = [None] * n_tensors
+        mask = wanted[:n_operands]
+        if name == "hinge_embedding_loss":  # the input's gradient only, as torch
+            if mask[0]:
+                grads[0] = backward_op(grad_output, *tensors, *ctx.args)
+        elif any(mask):
+            computed = backward_op(grad_output, *tensors, *ctx.args, mask)
+            grads[:n_operands] = [g if m else None for g, m in zip(computed, mask)]
+        if weighted and wanted[n_operands]:
+            x, t, w = tensors
+            grads[n_operands] = _weight_grad(op, x, t, w, loss, grad_output, ctx.args[0], ctx.args[1:],
+                                             mean_by_weight_sum)
+        return (*grads, *none_for_args)
+
+    torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
+
+
+_register_autograd("mse_loss", 2, _mse_formula, weighted=True, mean_by_weight_sum=True)
+_register_autograd("l1_loss", 2, _l1_formula, weighted=True, mean_by_weight_sum=True)
+_register_autograd("smooth_l1_loss", 2, _smooth_l1_formula)
+_register_autograd("huber_loss", 2, _huber_formula, weighted=True)
+_register_autograd("kl_div", 2, _kl_div_formula)
+_register_autograd("hinge_embedding_loss", 2, _hinge_formula)
+_register_autograd("margin_ranking_loss", 3, _margin_ranking_formula)
+
+
+# ---- argument handling shared by the functions -----------------------------------------------------------------
+
+
+def _warn_if_sizes_differ(input, target):
+    """torch's warning for a target broadcast against the input (mse, l1, smooth_l1, huber); skipped while
+    torch.compile traces (Dynamo cannot trace warnings.warn)."""
+    if target.size() != input.size() and not torch.compiler.is_compiling():
+        warnings.warn(
+            f"Using a target size ({target.size()}) that is different to the input size ({input.size()}). "
+            "This will likely lead to incorrect results due to broadcasting. "
+            "Please ensure they have the same size.",
+            stacklevel=3,
+        )
+
+
+def _category(dtype):
+    return 2 if dtype.is_floating_point else (0 if dtype == torch.bool else 1)
+
+
+def _result_type(*tensors):
+    """torch.result_type for tensors (traceable by Dynamo, which cannot put a dtype in a graph): n-d operands
+    promote each other; 0-d ones take part only where their category (bool < integer < floating) is higher."""
+    dimmed = [t.dtype for t in tensors if t.dim() > 0]
+    zero_dim = [t.dtype for t in tensors if t.dim() == 0]
+    result = functools.reduce(torch.promote_types, dimmed or zero_dim)
+    if dimmed and zero_dim:
+        top = functools.reduce(torch.promote_types, zero_dim)
+        if _category(top) > _category(result):
+            result = top
+    return result
+
+
+def _floating_result_type(name, input, target):
+    """The dtype of mse/l1/smooth_l1, which torch computes on the broadcast operands (so a 0-d one promotes too);
+    it must be floating."""
+    dtype = torch.promote_types(input.dtype, target.dtype)
+    if not dtype.is_floating_point:
+        raise NotImplementedError(
+            f"{name}: input and target: expected a floating dtype for one of them at least, got {input.dtype} and "
+            f"{target.dtype}")
+    return dtype
+
+
+def _floating_input_type(name, input):
+    """The dtype of losses torch computes in the input's dtype (huber_loss, hinge_embedding_loss)."""
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f"{name}: input: expected a floating dtype, got {input.dtype}")
+    return input.dtype
+
+
+def _prepare(tensors, dtype):
+    """Operands cast to `dtype` and broadcast to one shape (expanded views; torch's error when they cannot be)."""
+    return list(torch.broadcast_tensors(*[t.to(dtype) for t in tensors]))
+
+
+def _fit_dims(tensors):
+    """Operands with more dims than the kernels take, reshaped to (shape[0], rest) -- a copy only where a view
+    cannot be had; dim 0 is kept for kl_div's batchmean. Returns them and the original shape (None when kept)."""
+    shape = tensors[0].shape
+    if len(shape) <= _MAX_DIMS:
+        return tensors, None
+    rest = math.prod(shape[1:])
+    return [None if t is None else t.reshape(shape[0], rest) for t in tensors], shape
+
+
+def _finish(loss, shape, reduction, dtype):
+    """The op's loss in torch's shape and dtype."""
+    if shape is not None and reduction == 0:
+        loss = loss.reshape(shape)
+    return loss if loss.dtype == dtype else loss.to(dtype)
+
+
+def _weight_dtype(dtype, weight, loss_ndim):
+    """torch computes loss * weight: a floating weight promotes the result unless it is 0-d against an n-d loss."""
+    if weight.dtype.is_floating_point and (weight.dim() > 0 or loss_ndim == 0):
+        return torch.promote_types(dtype, weight.dtype)
+    return dtype
+
+
+def _check_weight(weight, input):
+    if weight.size() != input.size():
+        raise ValueError(f"Weights and input must have the same size: weight {tuple(weight.shape)}, input "
+                         f"{tuple(input.shape)}.")
+
+
+def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weight_sum):
+    """mse_loss, l1_loss, huber_loss: promoted and broadcast operands, the weight expanded to their shape."""
+    op = getattr(_ops, name)
+    if weight is not None:
+        _check_weight(weight, input)
+        dtype = _weight_dtype(dtype, weight, len(torch.broadcast_shapes(input.shape, target.shape)))
+    x, t = _prepare((input, target), dtype)
+    w = None if weight is None else weight.to(dtype).expand(x.shape)
+    # torch divides a weighted mean by the sum of the weight as given. Where the target broadcasts the input (and
+    # so the weight) to a larger shape, the kernel sums the expanded weight, in which each element appears
+    # `repeat` times: its mean is torch's divided by `repeat`. (A target broadcasting a non-empty input to an
+    # empty shape gives torch's 0 / sum(w): the kernel's sum, divided here.)
+    repeat, divide = 1, False
+    if mean_by_weight_sum and red == 1 and w is not None and x.numel() != input.numel():
+        divide = x.numel() == 0
+        repeat = 1 if divide else x.numel() // input.numel()
+    (x, t, w), shape = _fit_dims([x, t, w])
+    loss = op(x, t, w, 2 if divide else red, *extra)
+    if divide:
+        loss = loss / weight.to(loss.dtype).sum()
+    elif repeat != 1:
+        loss = loss * repeat
+    return _finish(loss, shape, red, dtype)
+
+
+# ---- torch.nn.functional-compatible functions ----------------------------------------------------------------------
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """torch.nn.functional.mse_loss: (input - target)^2, weighted mean = sum(w l) / sum(w)."""
+    _warn_if_sizes_differ(input, target)
+    red = reduction_code(reduction, size_average, reduce)
+    dtype = _floating_result_type("mse_loss", input, target)
+    return _weighted_loss("mse_loss", dtype, input, target, weight, red, (), True)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """torch.nn.functional.l1_loss: |input - target|, weighted mean = sum(w l) / sum(w)."""
+    _warn_if_sizes_differ(input, target)
+    red = reduction_code(reduction, size_average, reduce)
+    if input.dtype == torch.bool or target.dtype == torch.bool:
+        raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
+                           f"{input.dtype} and {target.dtype}")
+    dtype = _floating_result_type("l1_loss", input, target)
+    return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta."""
+    _warn_if_sizes_differ(input, target)
+    red = reduction_code(reduction, size_average, reduce)
+    dtype = _floating_result_type("smooth_l1_loss", input, target)
+    beta = float(beta)
+    if not beta >= 0:
+        raise RuntimeError(f"smooth_l1_loss does not support negative values for beta (beta = {beta}).")
+    x, t = _prepare((input, target), dtype)
+    if math.isinf(beta):  # the loss is 0; the kernels take finite betas
+        return _smooth_l1_formula(x, t, red, beta)
+    (x, t), shape = _fit_dims([x, t])
+    return _finish(_ops.smooth_l1_loss(x, t, red, beta), shape, red, dtype)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta); weighted mean =
+    mean(w l). Computed in the input's dtype (a weight can promote it), as torch."""
+    _warn_if_sizes_differ(input, target)
+    red = reduction_code(reduction)
+    dtype = _floating_input_type("huber_loss", input)
+    delta = float(delta)
+    if not delta > 0:
+        raise RuntimeError(f"huber_loss does not support non-positive values for delta (delta = {delta}).")
+    if math.isinf(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
+        if weight is not None:
+            _check_weight(weight, input)
+        x, t = _prepare((input, target), dtype)
+        w = None if weight is None else weight.expand(x.shape)
+        return _huber_formula(x, t, w, red, delta)
+    return _weighted_loss("huber_loss", dtype, input, target, weight, red, (delta,), False)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """torch.nn.functional.kl_div: target (log target - input), or exp(target) (target - input) with log_target;
+    'batchmean' divides the sum by input.size(0)."""
+    legacy = size_average is not None or reduce is not None
+    if legacy:
+        red = reduction_code("mean", size_average, reduce)
+    else:
+        if reduction == "mean" and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+            warnings.warn(
+                "reduction: 'mean' divides the total loss by both the batch size and the support size."
+                "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+                stacklevel=2,
+            )
+        red = 2 if reduction == "batchmean" else reduction_code(reduction)
+    batchmean = reduction == "batchmean"
+    if not (input.dtype.is_floating_point and target.dtype.is_floating_point):
+        raise RuntimeError(f"kl_div: Integral inputs not supported (input: {input.dtype}, target: {target.dtype}).")
+    dtype = _result_type(input, target)
+    x, t = _prepare((input, target), dtype)
+    # The kernels' batchmean divides by the operands' size(0); torch's by the input's, which differs where the
+    # target broadcasts the input.
+    native = batchmean and not legacy and x.shape == input.shape
+    (x, t), shape = _fit_dims([x, t])
+    loss = _ops.kl_div(x, t, 1 if native else red, native, bool(log_target))
+    if batchmean and not native and input.dim() != 0:
+        loss = loss / input.size(0)
+    return _finish(loss, shape, red, dtype)
+
+
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.hinge_embedding_loss: input where target == 1, max(0, margin - input) where target == -1,
+    both summed for any other target. Computed in the input's dtype; no gradient for the target, as torch."""
+    red = reduction_code(reduction, size_average, reduce)
+    dtype = _floating_input_type("hinge_embedding_loss", input)
+    margin = float(margin)
+    x, t = _prepare((input, target.detach()), dtype)
+    if not math.isfinite(margin):  # the kernels take finite margins
+        return _hinge_formula(x, t, margin, red)
+    (x, t), shape = _fit_dims([x, t])
+    return _finish(_ops.hinge_embedding_loss(x, t, margin, red), shape, red, dtype)
+
+
+def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
+    """torch.nn.functional.margin_ranking_loss: max(0, -target (input1 - input2) + margin); operands of one number
+    of dims, broadcast."""
+    red = reduction_code(reduction, size_average, reduce)
+    if input1.dim() != input2.dim() or input1.dim() != target.dim():
+        raise RuntimeError(
+            f"margin_ranking_loss : All input tensors should have same dimension but got sizes: "
+            f"input1: {input1.size()}, input2: {input2.size()}, target: {target.size()} "
+        )
+    dtype = _result_type(input1, input2, target)
+    if not dtype.is_floating_point:  # torch adds the (float) margin: integer operands give the default dtype
+        dtype = torch.get_default_dtype()
+    margin = float(margin)
+    x1, x2, t = _prepare((input1, input2, target), dtype)
+    if not math.isfinite(margin):  # the kernels take finite margins
+        return _margin_ranking_formula(x1, x2, t, margin, red)
+    (x1, x2, t), shape = _fit_dims([x1, x2, t])
+    return _finish(_ops.margin_ranking_loss(x1, x2, t, margin, red), shape, red, dtype)
+
+
+# ---- torch.nn modules ---------------------------------------------------------------------------------------------
+
+
+class MSELoss(_tnn.MSELoss):
+    """torch.nn.MSELoss."""
+
+    def forward(self, input, target):
+        return mse_loss(input, target, reduction=self.reduction)
+
+
+class L1Loss(_tnn.L1Loss):
+    """torch.nn.L1Loss."""
+
+    def forward(self, input, target):
+        return l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_tnn.SmoothL1Loss):
+    """torch.nn.SmoothL1Loss."""
+
+    def forward(self, input, target):
+        return smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_tnn.HuberLoss):
+    """torch.nn.HuberLoss."""
+
+    def forward(self, input, target):
+        return huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class KLDivLoss(_tnn.KLDivLoss):
+    """torch.nn.KLDivLoss."""
+
+    def forward(self, input, target):
+        return kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class HingeEmbeddingLoss(_tnn.HingeEmbeddingLoss):
+    """torch.nn.HingeEmbeddingLoss."""
+
+    def forward(self, input, target):
+        return hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
+
+
+class MarginRankingLoss(_tnn.MarginRankingLoss):
+    """torch.nn.MarginRankingLoss."""
+
+    def forward(self, input1, input2, target):
+        return margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
+
+
+FUNCTIONS = ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "hinge_embedding_loss",
+             "margin_ranking_loss"]
+MODULES = ["MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss", "HingeEmbeddingLoss", "MarginRankingLoss"]

@@ -1,12 +1,15 @@
 // Fused linear + cross-entropy: chunks of rows, each chunk's logits made by the GEMM hook into one reused buffer,
 // reduced (and turned into their gradient, in place) by the cross-entropy entries, then multiplied back into dx,
-// dW and db. Every argument is checked, and the targets scanned, before anything is written.
+// dW and db. With vocabulary tiles the buffer holds one tile of a chunk's logits, reduced here by the formulas of
+// src/math/vocab_tile_math.hpp. Every argument is checked, and the targets scanned, before anything is written.
 #include "lossfuse/linear_cross_entropy.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "cpu/scalar_io.hpp"
 #include "lossfuse/gemm.hpp"
 #include "lossfuse/parallel.hpp"
+#include "math/vocab_tile_math.hpp"
 
 namespace lossfuse {
 namespace {
@@ -25,6 +29,8 @@ using core::NamedView;
 
 struct Problem {
   std::int64_t N = 0, H = 0, V = 0;
+  std::int64_t Vt = 1;  // classes per vocabulary tile: V when untiled, else min(vocab_tile, V) (1 when V = 0)
+  bool tiled = false;
   DType dt = DType::f32;
   core::ClassProblem pb;  // rows N, classes V: for the output checks shared with cross-entropy
 };
@@ -38,6 +44,18 @@ void check_2d(const TensorView& t, const char* name, const char* dims) {
     throw Error(ErrorCode::invalid_value, std::string(name) + ".stride(1)", "1 (rows of unit stride)",
                 std::to_string(t.strides[1]));
   }
+}
+
+// The cross-entropy options (label_smoothing, logit_scale, softcap, z_loss_scale, class weights) are checked by the
+// cross-entropy entry itself, run on an empty batch of V classes of float32 (float64) logits, as the untiled chunks
+// hand it: its checks, and nothing written.
+void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V) {
+  CrossEntropyOptions o = ce;
+  o.reduction = Reduction::none;
+  const TensorView logits = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0, V});
+  const TensorView target = TensorView::contiguous(nullptr, DType::i64, {0});
+  const TensorView loss = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0});
+  cross_entropy_forward(logits, target, o, CrossEntropyOutputs{loss, std::nullopt, std::nullopt});
 }
 
 Problem check_problem(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
@@ -73,6 +91,21 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
   if (o.memory_budget <= 0) {
     throw Error(ErrorCode::invalid_value, "memory_budget", "a byte count > 0", std::to_string(o.memory_budget));
   }
+  if (o.vocab_tile < 0) {
+    throw Error(ErrorCode::invalid_value, "vocab_tile", "0 (whole rows) or a tile width > 0",
+                std::to_string(o.vocab_tile));
+  }
+  if (!(o.grad_filter >= 0.0 && o.grad_filter <= 1.0)) {
+    throw Error(ErrorCode::invalid_value, "grad_filter", "0 (off) or a threshold in (0, 1]",
+                std::to_string(o.grad_filter));
+  }
+  if (o.grad_filter > 0.0 && o.vocab_tile == 0) {
+    throw Error(ErrorCode::invalid_value, "grad_filter", "0 unless vocab_tile > 0 (it filters vocabulary tiles)",
+                std::to_string(o.grad_filter));
+  }
+  p.tiled = o.vocab_tile > 0;
+  p.Vt = std::max<std::int64_t>(1, p.tiled ? std::min(o.vocab_tile, p.V) : p.V);
+  check_ce_options(o.ce, p.dt, p.V);
   p.pb.class_dim = 1;
   p.pb.classes = p.V;
   p.pb.rows = p.N;
@@ -110,7 +143,7 @@ std::int64_t chunk_rows(const LinearCrossEntropyOptions& o, const Problem& p) {
   if (p.N == 0) return 1;
   std::int64_t r = o.chunk_rows;
   if (r == 0) {
-    const std::int64_t row_bytes = std::max<std::int64_t>(p.V, 1) * static_cast<std::int64_t>(dtype_size(p.pb.acc));
+    const std::int64_t row_bytes = p.Vt * static_cast<std::int64_t>(dtype_size(p.pb.acc));
     r = o.memory_budget / row_bytes;
   }
   return std::clamp<std::int64_t>(r, 1, p.N);
@@ -136,6 +169,7 @@ std::int64_t ld(std::int64_t stride, std::int64_t rows, std::int64_t cols) {
 void gemm_or_throw(GemmCall c) {
   c.lda = ld(c.lda, c.trans_a ? c.k : c.m, c.trans_a ? c.m : c.k);
   c.ldb = ld(c.ldb, c.trans_b ? c.n : c.k, c.trans_b ? c.k : c.n);
+  c.ldc = ld(c.ldc, c.m, c.n);
   if (!run_gemm(c)) {
     throw Error(ErrorCode::not_implemented, "gemm", "a GEMM for " + std::string(dtype_name(c.ab_dtype)) + " operands",
                 "a hook that declined the call");
@@ -154,29 +188,61 @@ void with_storage(DType t, F&& f) {
   cpu::visit_float_dtype(t, std::forward<F>(f));
 }
 
+// Calls f(std::true_type) when the softcap is on, else f(std::false_type): element loops take it as kCap.
+template <class F>
+void with_cap(bool cap, F&& f) {
+  if (cap) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// Rows of a chunk per parallel task in the element loops: about 16K elements each.
+std::int64_t row_grain(std::int64_t cols) { return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)); }
+
 template <class Acc>
 class Runner {
  public:
+  // wts: the class weights as scan() loaded them (empty: unweighted).
   Runner(const Problem& p, const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
-         const TensorView& target, const LinearCrossEntropyOptions& o, const LinearCrossEntropyGrads& g)
-      : p_(p), x_(x), w_(w), b_(b), target_(target), o_(o), g_(g), R_(chunk_rows(o, p)) {
+         const TensorView& target, const LinearCrossEntropyOptions& o, const LinearCrossEntropyGrads& g,
+         const std::vector<Acc>& wts)
+      : p_(p), x_(x), w_(w), target_(target), o_(o), g_(g), R_(chunk_rows(o, p)) {
     ce_ = o.ce;
     ce_.reduction = Reduction::none;
-    logits_ = uninit<Acc>(R_ * p.V);
+    logits_ = uninit<Acc>(R_ * p.Vt);
+    tiles_ = p.V == 0 ? 0 : (p.V + p.Vt - 1) / p.Vt;
+    if (b) {
+      bias_.resize(static_cast<std::size_t>(p.V));
+      with_storage(b->dtype, [&](auto t) {
+        using T = decltype(t);
+        const T* bp = static_cast<const T*>(b->data);
+        for (std::int64_t v = 0; v < p.V; ++v) bias_[v] = static_cast<Acc>(cpu::Io<T>::load(bp, v * b->strides[0]));
+      });
+    }
+    if (p.tiled) init_tiled(wts);
     wants_grads_ = g.x || g.w || g.b;
     if (!wants_grads_) return;
-    if (p.dt != p.pb.acc) g16_ = uninit<std::uint16_t>(R_ * p.V);
+    if (p.dt != p.pb.acc) g16_ = uninit<std::uint16_t>(R_ * p.Vt);
     if (g.x && !(g.x->dtype == p.pb.acc && g.x->strides[1] == 1)) dx_ = uninit<Acc>(R_ * p.H);
     if (g.w && !(g.w->dtype == p.pb.acc && g.w->strides[1] == 1)) dw_ = uninit<Acc>(p.V * p.H);
     if (g.b) db_.assign(static_cast<std::size_t>(p.V), 0.0);
+    dw_tile_written_.assign(static_cast<std::size_t>(tiles_), false);
   }
 
-  // Per chunk: logits -> cross-entropy (forward, forward+backward or backward) -> dx, dW, db.
-  // scale[r]: the upstream gradient of row r's loss term (grads only). lse_in: saved lse (backward only).
+  // Per chunk: logits -> cross-entropy (forward, forward+backward or backward) -> dx, dW, db; with vocabulary
+  // tiles, per chunk the tiled forward and/or the tiled backward.
+  // scale[r]: the upstream gradient of row r's loss term (grads only). lse_rows: saved lse (backward only).
   void run(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
     for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) {
       const std::int64_t rc = std::min(R_, p_.N - r0);
-      make_logits(r0, rc);
+      if (p_.tiled) {
+        if (!backward) tiled_forward(r0, rc, loss_rows, lse_rows, z_rows);
+        if (wants_grads_) tiled_backward(r0, rc, lse_rows, scale);
+        continue;
+      }
+      make_logits(r0, rc, 0, p_.V);
       const TensorView logits = TensorView::contiguous(logits_.get(), p_.pb.acc, {rc, p_.V});
       const TensorView tgt = sub_rows(target_, r0, rc);
       const TensorView lse = TensorView::contiguous(lse_rows + r0, p_.pb.acc, {rc});
@@ -193,118 +259,263 @@ class Runner {
           cross_entropy_forward(logits, tgt, ce_, out);
         }
       }
-      if (wants_grads_) accumulate_grads(r0, rc, r0 == 0);
+      if (wants_grads_) {
+        accumulate_grads(r0, rc, 0, p_.V, 0);
+        finish_dx_rows(r0, rc);
+      }
     }
     if (wants_grads_) finish_grads();
   }
 
  private:
-  void make_logits(std::int64_t r0, std::int64_t rc) {
-    GemmCall c;
-    c.ab_dtype = p_.dt;
-    c.trans_b = true;
-    c.m = rc;
-    c.n = p_.V;
-    c.k = p_.H;
-    c.a = sub_rows(x_, r0, rc).data;
-    c.lda = x_.strides[0];
-    c.b = w_.data;
-    c.ldb = w_.strides[0];
-    c.c = logits_.get();
-    c.ldc = p_.V;
+  void init_tiled(const std::vector<Acc>& wts) {
+    wc_.assign(static_cast<std::size_t>(p_.V), Acc(1));
+    double sum_w = static_cast<double>(p_.V);
+    if (!wts.empty()) {
+      std::copy(wts.begin(), wts.begin() + p_.V, wc_.begin());
+      sum_w = 0;
+      for (std::int64_t c = 0; c < p_.V; ++c) sum_w += static_cast<double>(wts[c]);
+    }
+    rp_.eps = static_cast<Acc>(o_.ce.label_smoothing);
+    rp_.eps_over_c = p_.V > 0 ? static_cast<Acc>(o_.ce.label_smoothing / static_cast<double>(p_.V)) : Acc(0);
+    rp_.sum_w = static_cast<Acc>(sum_w);
+    rp_.z_loss_scale = static_cast<Acc>(o_.ce.z_loss_scale);
+    xf_.scale = static_cast<Acc>(o_.ce.logit_scale);
+    xf_.softcap = static_cast<Acc>(o_.ce.softcap);
+    xf_.inv_softcap = o_.ce.softcap > 0 ? static_cast<Acc>(1.0 / o_.ce.softcap) : Acc(0);
+    filter_ = static_cast<Acc>(o_.grad_filter);
+    const auto rows = static_cast<std::size_t>(R_);
+    y_.resize(rows);
+    wy_.resize(rows);
+    state_.resize(rows);
+    live_.resize(rows);
+  }
+
+  // Targets of rows [r0, r0 + rc): y_ (ignore_index for ignored rows) and w_y.
+  void load_targets(std::int64_t r0, std::int64_t rc) {
+    for (std::int64_t i = 0; i < rc; ++i) {
+      const std::int64_t y = core::read_target(target_.data, target_.dtype, (r0 + i) * target_.strides[0]);
+      y_[i] = y;
+      wy_[i] = ignored(y) ? Acc(0) : wc_[y];
+    }
+  }
+  bool ignored(std::int64_t y) const { return y == o_.ce.ignore_index; }
+
+  // Tiled forward of rows [r0, r0 + rc): every tile's logits folded into the rows' running statistics, then the
+  // rows' loss, lse and z-loss.
+  void tiled_forward(std::int64_t r0, std::int64_t rc, Acc* loss_rows, Acc* lse_rows, Acc* z_rows) {
+    load_targets(r0, rc);
+    std::fill(state_.begin(), state_.begin() + rc, math::TileRowState<Acc>{});
+    for (std::int64_t t = 0; t < tiles_; ++t) {
+      const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
+      make_logits(r0, rc, v0, vn);
+      with_cap(xf_.softcap > 0, [&](auto cap) {
+        parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) fold_tile_row<decltype(cap)::value>(i, v0, vn, t == 0);
+        });
+      });
+    }
+    for (std::int64_t i = 0; i < rc; ++i) {
+      const math::CeRowResult<Acc> res = math::tile_row_finish(rp_, state_[i], ignored(y_[i]), wy_[i]);
+      loss_rows[r0 + i] = res.loss;
+      lse_rows[r0 + i] = res.lse;
+      z_rows[r0 + i] = res.z_loss;
+    }
+  }
+
+  // Row i of the tile [v0, v0 + vn) in logits_: z in place, then its max, sum of exps and smoothing sum folded in.
+  template <bool kCap>
+  void fold_tile_row(std::int64_t i, std::int64_t v0, std::int64_t vn, bool first) {
+    Acc* z = logits_.get() + i * vn;
+    math::TileRowState<Acc>& st = state_[i];
+    Acc m = math::neg_inf<Acc>();
+    for (std::int64_t j = 0; j < vn; ++j) {
+      const Acc v = xf_.template apply_as<kCap>(z[j]);
+      z[j] = v;
+      m = v > m ? v : m;
+    }
+    const Acc shift = math::tile_shift(m);
+    if (first) st.ref = shift;
+    // The tile's sums in double: one rounding for s however wide the tile.
+    double s = 0;
+    for (std::int64_t j = 0; j < vn; ++j) s += static_cast<double>(std::exp(z[j] - shift));
+    double swz = 0;
+    if (rp_.eps != Acc(0)) {
+      const Acc* w = wc_.data() + v0;
+      for (std::int64_t j = 0; j < vn; ++j) swz += static_cast<double>(w[j] * (z[j] - st.ref));
+    }
+    const std::int64_t y = y_[i];
+    if (y >= v0 && y < v0 + vn) st.z_y = z[y - v0];
+    math::tile_fold(st, m, static_cast<Acc>(s), swz);
+  }
+
+  // Tiled backward of rows [r0, r0 + rc) from their lse: per tile, logits recomputed, turned into their gradient
+  // in place and multiplied into dx, dW and db; a tile whose gradient is zero in every row skips its products.
+  void tiled_backward(std::int64_t r0, std::int64_t rc, const Acc* lse_rows, const Acc* scale) {
+    load_targets(r0, rc);
+    for (std::int64_t t = 0; t < tiles_; ++t) {
+      const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
+      make_logits(r0, rc, v0, vn);
+      with_cap(xf_.softcap > 0, [&](auto cap) {
+        parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) {
+            live_[i] = grad_tile_row<decltype(cap)::value>(i, v0, vn, lse_rows[r0 + i], scale[r0 + i]);
+          }
+        });
+      });
+      if (std::find(live_.begin(), live_.begin() + rc, char(1)) == live_.begin() + rc) continue;
+      accumulate_grads(r0, rc, v0, vn, t);
+    }
+    finish_dx_rows(r0, rc);
+  }
+
+  // Row i of the tile [v0, v0 + vn) in logits_ becomes d loss / d logits. Returns 0 when it is all zero (an ignored
+  // row, or a filtered one with no target or smoothing term in the tile).
+  template <bool kCap>
+  char grad_tile_row(std::int64_t i, std::int64_t v0, std::int64_t vn, Acc lse, Acc g) {
+    Acc* z = logits_.get() + i * vn;
+    const std::int64_t y = y_[i];
+    if (std::isnan(lse)) {  // a non-finite row: NaN gradient, as PyTorch's log_softmax backward (even if ignored)
+      std::fill(z, z + vn, std::numeric_limits<Acc>::quiet_NaN());
+      return 1;
+    }
+    if (ignored(y)) {
+      std::fill(z, z + vn, Acc(0));
+      return 0;
+    }
+    Acc m = math::neg_inf<Acc>();
+    for (std::int64_t j = 0; j < vn; ++j) {
+      const Acc v = xf_.template apply_as<kCap>(z[j]);
+      z[j] = v;
+      m = v > m ? v : m;
+    }
+    const bool keep = math::grad_filter_keeps(m, lse, filter_);
+    const math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse, wy_[i], g, keep);
+    const Acc* w = wc_.data() + v0;
+    const std::int64_t yj = y - v0;  // the target's column in the tile (maybe outside it)
+    for (std::int64_t j = 0; j < vn; ++j) {
+      z[j] = math::ce_index_grad_z(k, z[j], lse, w[j], j == yj) * xf_.template derivative_from_z<kCap>(z[j]);
+    }
+    return keep || rp_.eps_over_c != Acc(0) || (yj >= 0 && yj < vn) ? 1 : 0;
+  }
+
+  // logits_ (rc x vn) = rows [r0, r0 + rc) of x times rows [v0, v0 + vn) of W, transposed, plus the bias.
+  void make_logits(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn) {
+    if (rc == 0 || vn == 0) return;
+    Acc* L = logits_.get();
     if (p_.H == 0) {
-      std::fill(logits_.get(), logits_.get() + rc * p_.V, Acc(0));
+      std::fill(L, L + rc * vn, Acc(0));
     } else {
+      GemmCall c;
+      c.ab_dtype = p_.dt;
+      c.trans_b = true;
+      c.m = rc;
+      c.n = vn;
+      c.k = p_.H;
+      c.a = sub_rows(x_, r0, rc).data;
+      c.lda = x_.strides[0];
+      c.b = sub_rows(w_, v0, vn).data;
+      c.ldb = w_.strides[0];
+      c.c = L;
+      c.ldc = vn;
       gemm_or_throw(c);
     }
-    if (!b_) return;
-    with_storage(b_->dtype, [&](auto t) {
-      using T = decltype(t);
-      const T* bp = static_cast<const T*>(b_->data);
-      const std::int64_t bs = b_->strides[0];
-      std::vector<Acc> bias(static_cast<std::size_t>(p_.V));
-      for (std::int64_t v = 0; v < p_.V; ++v) bias[v] = static_cast<Acc>(cpu::Io<T>::load(bp, v * bs));
-      Acc* L = logits_.get();
-      parallel_for(0, rc, 1, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          Acc* row = L + i * p_.V;
-          for (std::int64_t v = 0; v < p_.V; ++v) row[v] += bias[v];
-        }
-      });
+    if (bias_.empty()) return;
+    const Acc* bias = bias_.data() + v0;
+    parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        Acc* row = L + i * vn;
+        for (std::int64_t j = 0; j < vn; ++j) row[j] += bias[j];
+      }
     });
   }
 
-  // The logits buffer now holds d loss / d logits for rows [r0, r0 + rc).
-  void accumulate_grads(std::int64_t r0, std::int64_t rc, bool first) {
+  // logits_ now holds d loss / d logits for rows [r0, r0 + rc) and classes [v0, v0 + vn) (tile number `tile`):
+  // db[v0:] += its column sums, dx rows += G W[v0:v0+vn] (the chunk's first product overwrites),
+  // dW[v0:v0+vn] += G^T x rows (the tile's first product overwrites).
+  void accumulate_grads(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, std::int64_t tile) {
     const Acc* G = logits_.get();
-    const std::int64_t V = p_.V, H = p_.H;
+    const std::int64_t H = p_.H;
     if (g_.b) {
-      parallel_for(0, V, 256, [&](std::int64_t v0, std::int64_t v1) {
+      parallel_for(0, vn, 256, [&](std::int64_t j0, std::int64_t j1) {
         for (std::int64_t i = 0; i < rc; ++i) {
-          for (std::int64_t v = v0; v < v1; ++v) db_[v] += static_cast<double>(G[i * V + v]);
+          for (std::int64_t j = j0; j < j1; ++j) db_[v0 + j] += static_cast<double>(G[i * vn + j]);
         }
       });
     }
-    if (g_.w) dw_written_ = true;
-    if (!(g_.x || g_.w) || H == 0) return;  // nothing to multiply (x and W have no columns)
+    if (!(g_.x || g_.w) || H == 0 || rc == 0 || vn == 0) return;  // nothing to multiply
     // The GEMM operand: the gradient itself, or rounded once to the inputs' 16-bit type.
     const void* ga = G;
     if (g16_) {
       std::uint16_t* out = g16_.get();
-      parallel_for(0, rc, 1, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0 * V; i < i1 * V; ++i) {
-          out[i] = p_.dt == DType::bf16 ? math::float_to_bf16(static_cast<float>(G[i]))
-                                        : math::float_to_f16(static_cast<float>(G[i]));
+      parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t e = i0 * vn; e < i1 * vn; ++e) {
+          out[e] = p_.dt == DType::bf16 ? math::float_to_bf16(static_cast<float>(G[e]))
+                                        : math::float_to_f16(static_cast<float>(G[e]));
         }
       });
       ga = out;
     }
-    if (g_.x) {  // dx rows = G (rc x V) @ W (V x H)
+    if (g_.x) {  // dx rows (rc x H) += G (rc x vn) @ W rows (vn x H)
       GemmCall c;
       c.ab_dtype = p_.dt;
       c.m = rc;
       c.n = H;
-      c.k = V;
+      c.k = vn;
       c.a = ga;
-      c.lda = V;
-      c.b = w_.data;
+      c.lda = vn;
+      c.b = sub_rows(w_, v0, vn).data;
       c.ldb = w_.strides[0];
-      const TensorView dx = sub_rows(*g_.x, r0, rc);
-      c.c = dx_ ? static_cast<void*>(dx_.get()) : dx.data;
+      c.c = dx_ ? static_cast<void*>(dx_.get()) : sub_rows(*g_.x, r0, rc).data;
       c.ldc = dx_ ? H : g_.x->strides[0];
-      if (V == 0) {
-        zero_rows(dx, rc);
-      } else if (rc > 0 && H > 0) {
-        gemm_or_throw(c);
-        if (dx_) store_rows(dx_.get(), dx, rc, H);
-      }
+      c.beta = dx_started_ ? 1.0 : 0.0;
+      gemm_or_throw(c);
+      dx_started_ = true;
     }
-    if (g_.w && rc > 0) {  // dW (V x H) += G^T (V x rc) @ x rows (rc x H)
+    if (g_.w) {  // dW rows (vn x H) += G^T (vn x rc) @ x rows (rc x H)
       GemmCall c;
       c.ab_dtype = p_.dt;
       c.trans_a = true;
-      c.m = V;
+      c.m = vn;
       c.n = H;
       c.k = rc;
       c.a = ga;
-      c.lda = V;
+      c.lda = vn;
       c.b = sub_rows(x_, r0, rc).data;
       c.ldb = x_.strides[0];
-      c.c = dw_ ? static_cast<void*>(dw_.get()) : g_.w->data;
+      c.c = dw_ ? static_cast<void*>(dw_.get() + v0 * H) : sub_rows(*g_.w, v0, vn).data;
       c.ldc = dw_ ? H : g_.w->strides[0];
-      c.beta = first ? 0.0 : 1.0;
-      if (V > 0) gemm_or_throw(c);
+      c.beta = dw_tile_written_[tile] ? 1.0 : 0.0;
+      gemm_or_throw(c);
+      dw_tile_written_[tile] = true;
     }
+  }
+
+  // The chunk's dx rows are complete: stored from the scratch buffer, or zeros when no product reached them.
+  void finish_dx_rows(std::int64_t r0, std::int64_t rc) {
+    if (!g_.x) return;
+    const TensorView dx = sub_rows(*g_.x, r0, rc);
+    if (!dx_started_) {
+      zero_rows(dx, rc);
+    } else if (dx_) {
+      store_rows(dx_.get(), dx, rc, p_.H);
+    }
+    dx_started_ = false;
   }
 
   void finish_grads() {
     const std::int64_t V = p_.V, H = p_.H;
     if (g_.w) {
-      if (!dw_written_) {
-        zero_rows(*g_.w, V);  // no rows at all
-      } else if (dw_) {
-        store_rows(dw_.get(), *g_.w, V, H);
+      for (std::int64_t t = 0; t < tiles_; ++t) {  // rows no product reached (no chunk, or every chunk skipped)
+        if (dw_tile_written_[t]) continue;
+        const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, V - v0);
+        if (dw_) {
+          std::fill(dw_.get() + v0 * H, dw_.get() + (v0 + vn) * H, Acc(0));
+        } else {
+          zero_rows(sub_rows(*g_.w, v0, vn), vn);
+        }
       }
+      if (dw_) store_rows(dw_.get(), *g_.w, V, H);
     }
     if (g_.b) {
       with_storage(g_.b->dtype, [&](auto t) {
@@ -343,18 +554,28 @@ class Runner {
   const Problem& p_;
   const TensorView& x_;
   const TensorView& w_;
-  const std::optional<TensorView>& b_;
   const TensorView& target_;
   const LinearCrossEntropyOptions& o_;
   const LinearCrossEntropyGrads& g_;
   const std::int64_t R_;
+  std::int64_t tiles_ = 0;  // vocabulary tiles of Vt classes (one of V when untiled; none when V = 0)
   CrossEntropyOptions ce_;
   bool wants_grads_ = false;
-  bool dw_written_ = false;
-  std::unique_ptr<Acc[]> logits_;
+  bool dx_started_ = false;            // a product has written the current chunk's dx rows
+  std::vector<bool> dw_tile_written_;  // a product has written the tile's rows of dW
+  std::unique_ptr<Acc[]> logits_;      // R x Vt: a chunk's logits, then their gradient
+  std::vector<Acc> bias_;
   std::unique_ptr<std::uint16_t[]> g16_;
   std::unique_ptr<Acc[]> dx_, dw_;
   std::vector<double> db_;
+  // Tiled only: the row formulas' constants, class weights (1 when unweighted), the chunk's rows.
+  math::CeRowParams<Acc> rp_;
+  math::LogitTransform<Acc> xf_;
+  Acc filter_ = 0;
+  std::vector<Acc> wc_, wy_;
+  std::vector<std::int64_t> y_;
+  std::vector<math::TileRowState<Acc>> state_;
+  std::vector<char> live_;  // per row of the current tile: its gradient may be nonzero
 };
 
 // The 'mean' denominator (sum of w_y over non-ignored rows) after checking every target.
@@ -390,7 +611,7 @@ void forward(const Problem& p, const TensorView& x, const TensorView& w, const s
   // with no non-ignored row every row is ignored, and its gradient is 0 whatever the scale.
   const Acc s = o.ce.reduction == Reduction::mean ? (denom != 0 ? static_cast<Acc>(1.0 / denom) : Acc(0)) : Acc(1);
   std::vector<Acc> scale(loss.size(), s);
-  Runner<Acc>(p, x, w, b, target, o, g).run(loss.data(), lse.data(), zl.data(), scale.data(), false);
+  Runner<Acc>(p, x, w, b, target, o, g, wts).run(loss.data(), lse.data(), zl.data(), scale.data(), false);
   write_reduced(out.loss, loss, o.ce.reduction, denom);
   if (out.lse) std::copy(lse.begin(), lse.end(), static_cast<Acc*>(out.lse->data));
   if (out.z_loss) write_reduced(*out.z_loss, zl, o.ce.reduction, denom);
@@ -412,7 +633,7 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
     const double s = o.ce.reduction == Reduction::mean ? (denom != 0 ? g0 / denom : 0.0) : g0;
     std::fill(scale.begin(), scale.end(), static_cast<Acc>(s));
   }
-  Runner<Acc>(p, x, w, b, target, o, g).run(nullptr, lse.data(), nullptr, scale.data(), true);
+  Runner<Acc>(p, x, w, b, target, o, g, wts).run(nullptr, lse.data(), nullptr, scale.data(), true);
 }
 
 }  // namespace

@@ -31,15 +31,33 @@ struct LogitTransform {
   Acc softcap = 0;  // 0: off
   Acc inv_softcap = 0;
 
-  LF_HOST_DEVICE Acc apply(Acc x) const {
-    const Acc z = x * scale;
-    return softcap > 0 ? softcap * std::tanh(z * inv_softcap) : z;
-  }
+  LF_HOST_DEVICE Acc apply(Acc x) const { return softcap > 0 ? apply_as<true>(x) : apply_as<false>(x); }
   // dz/dx at x
   LF_HOST_DEVICE Acc derivative(Acc x) const {
     if (!(softcap > 0)) return scale;
     const Acc t = std::tanh(x * scale * inv_softcap);
     return scale * (Acc(1) - t * t);
+  }
+  // For element loops, with the softcap test taken once outside: kCap must equal (softcap > 0).
+  template <bool kCap>
+  LF_HOST_DEVICE Acc apply_as(Acc x) const {
+    const Acc z = x * scale;
+    if constexpr (kCap) {
+      return softcap * std::tanh(z * inv_softcap);
+    } else {
+      return z;
+    }
+  }
+  // dz/dx from z itself (z = softcap tanh(.), so tanh(.) = z / softcap): no second tanh. Exact up to the rounding
+  // of z, which moves 1 - tanh^2 by a few ulp of 1 (absolute), where the derivative is near 0 anyway.
+  template <bool kCap>
+  LF_HOST_DEVICE Acc derivative_from_z(Acc z) const {
+    if constexpr (kCap) {
+      const Acc t = z * inv_softcap;
+      return scale * (Acc(1) - t * t);
+    } else {
+      return scale;
+    }
   }
 };
 

@@ -1,6 +1,7 @@
 // Fused linear + cross-entropy against the float64 reference applied to x W^T + b computed in float64:
 // loss, lse, z-loss and the gradients of x, W and b, both ways (forward with grads; forward then backward from
-// the saved lse with any upstream gradient), for every dtype, reduction and option, chunks that do not divide N.
+// the saved lse with any upstream gradient), for every dtype, reduction and option, chunks that do not divide N,
+// whole vocabulary rows or vocabulary tiles that do not divide V; the gradient filter's documented error bound.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,13 +55,16 @@ struct Case {
   double eps = 0, softcap = 0, scale = 1, zls = 0;
   std::int64_t chunk = 0;
   bool all_ignored = false;
+  std::int64_t tile = 0;  // vocab_tile
+  double filter = 0;      // grad_filter
 };
 
 std::string case_name(const Case& c) {
   return nm(c.dt) + "_" + red_name(c.red) + "_N" + std::to_string(c.N) + "_H" + std::to_string(c.H) + "_V" +
          std::to_string(c.V) + (c.bias ? "_bias" : "") + (c.weight ? "_w" : "") + (c.eps ? "_ls" : "") +
          (c.softcap ? "_cap" : "") + (c.scale != 1 ? "_scale" : "") + (c.zls ? "_z" : "") + "_chunk" +
-         std::to_string(c.chunk) + (c.all_ignored ? "_allignored" : "");
+         std::to_string(c.chunk) + (c.all_ignored ? "_allignored" : "") +
+         (c.tile ? "_tile" + std::to_string(c.tile) : "");
 }
 
 struct Data {
@@ -92,6 +96,7 @@ Data make_data(const Case& c, std::uint64_t seed) {
 
 struct Expected {
   lfref::CeResult ce;
+  std::vector<double> logits;  // N x V, x W^T + b in float64
   std::vector<double> dx, dw, db;
 };
 
@@ -112,6 +117,7 @@ Expected expected(const Case& c, const Data& d, const std::vector<double>& grad_
   in.z_loss_scale = c.zls, in.grad_loss = grad_loss;
   Expected e;
   e.ce = lfref::cross_entropy(in);
+  e.logits = in.x;
   e.dx.assign(static_cast<std::size_t>(c.N * c.H), 0.0);
   e.dw.assign(static_cast<std::size_t>(c.V * c.H), 0.0);
   e.db.assign(static_cast<std::size_t>(c.V), 0.0);
@@ -134,40 +140,55 @@ LinearCrossEntropyOptions options(const Case& c, const Data& d) {
   o.ce.label_smoothing = c.eps, o.ce.softcap = c.softcap, o.ce.logit_scale = c.scale, o.ce.z_loss_scale = c.zls;
   if (c.weight) o.ce.weight = d.cw.view;
   o.chunk_rows = c.chunk;
+  o.vocab_tile = c.tile;
+  o.grad_filter = c.filter;
   return o;
 }
 
 DType acc_of(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-void run_case(const Case& c, bool fused) {
-  SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
-  const Data d = make_data(c, 1234 + static_cast<std::uint64_t>(c.N * 31 + c.V));
+Data case_data(const Case& c) { return make_data(c, 1234 + static_cast<std::uint64_t>(c.N * 31 + c.V)); }
+
+// The outputs of one run, and the upstream gradients it used (empty: forward with grads, upstream 1).
+struct Outputs {
+  Tensor loss, lse, zl, gx, gw, gb;
+  std::vector<double> grad_loss;
+};
+
+Outputs run_lce(const Case& c, const Data& d, bool fused) {
   const DType acc = acc_of(c.dt);
   const std::vector<std::int64_t> loss_shape =
       c.red == Reduction::none ? std::vector<std::int64_t>{c.N} : std::vector<std::int64_t>{};
-  Tensor loss = Tensor::make(acc, loss_shape), lse = Tensor::make(acc, {c.N}), zl = Tensor::make(acc, loss_shape);
-  Tensor gx = Tensor::make(c.dt, {c.N, c.H}, Layout::padded), gw = Tensor::make(c.dt, {c.V, c.H});
-  Tensor gb = Tensor::make(acc, {c.V});  // float32 bias gradient: accepted for any input dtype
+  Outputs r;
+  r.loss = Tensor::make(acc, loss_shape), r.lse = Tensor::make(acc, {c.N}), r.zl = Tensor::make(acc, loss_shape);
+  r.gx = Tensor::make(c.dt, {c.N, c.H}, Layout::padded), r.gw = Tensor::make(c.dt, {c.V, c.H});
+  r.gb = Tensor::make(acc, {c.V});  // float32 bias gradient: accepted for any input dtype
   const LinearCrossEntropyOptions o = options(c, d);
   const std::optional<TensorView> b = c.bias ? std::optional<TensorView>(d.b.view) : std::nullopt;
-  LinearCrossEntropyGrads g{gx.view, gw.view, c.bias ? std::optional<TensorView>(gb.view) : std::nullopt};
-  std::vector<double> grad_loss;
-  Tensor gl;
+  LinearCrossEntropyGrads g{r.gx.view, r.gw.view, c.bias ? std::optional<TensorView>(r.gb.view) : std::nullopt};
   if (fused) {
     lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, b, d.t.view, o,
-                                           CrossEntropyOutputs{loss.view, lse.view, zl.view}, g);
+                                           CrossEntropyOutputs{r.loss.view, r.lse.view, r.zl.view}, g);
   } else {
     lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, b, d.t.view, o,
-                                           CrossEntropyOutputs{loss.view, lse.view, zl.view});
+                                           CrossEntropyOutputs{r.loss.view, r.lse.view, r.zl.view});
     Rng rng(99);
-    gl = Tensor::make(acc, loss_shape);
+    Tensor gl = Tensor::make(acc, loss_shape);
     for (std::int64_t i = 0; i < gl.numel(); ++i) {
-      grad_loss.push_back(rng.uniform(-2, 2));
-      gl.set(i, grad_loss.back());
+      r.grad_loss.push_back(rng.uniform(-2, 2));
+      gl.set(i, r.grad_loss.back());
     }
-    lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, b, d.t.view, lse.view, gl.view, o, g);
+    lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, b, d.t.view, r.lse.view, gl.view, o, g);
   }
-  const Expected e = expected(c, d, grad_loss);
+  return r;
+}
+
+void run_case(const Case& c, bool fused) {
+  SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
+  const Data d = case_data(c);
+  const Outputs run = run_lce(c, d, fused);
+  const Tensor &loss = run.loss, &lse = run.lse, &zl = run.zl, &gx = run.gx, &gw = run.gw, &gb = run.gb;
+  const Expected e = expected(c, d, run.grad_loss);
   // Logits are made from the rounded inputs in float32 (float64): the loss is as accurate as cross-entropy's.
   const DType loss_t = c.dt == DType::f64 ? DType::f64 : DType::f32;
   if (c.red == Reduction::none) {
@@ -184,26 +205,36 @@ void run_case(const Case& c, bool fused) {
   EXPECT_TRUE(gx.outside_untouched(0));
 }
 
+// Whole rows (tile 0) and vocabulary tiles that do not divide V (11 = 4 + 4 + 3; 301 = 4 x 64 + 45).
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (DType t : kFloats) {
     for (Reduction r : kReds) {
-      for (std::int64_t chunk : {0, 1, 3}) {
+      for (std::int64_t tile : {0, 4}) {
+        for (std::int64_t chunk : {0, 1, 3}) {
+          Case c;
+          c.dt = t, c.red = r, c.chunk = chunk, c.tile = tile;
+          v.push_back(c);
+          c.weight = true, c.eps = 0.1, c.bias = false;
+          v.push_back(c);
+          c.softcap = 4.0, c.scale = 0.7, c.zls = 0.01, c.bias = true;
+          v.push_back(c);
+        }
+        Case big;
+        big.dt = t, big.red = r, big.N = 37, big.H = 24, big.V = 301, big.weight = true, big.eps = 0.05;
+        big.chunk = 5, big.tile = tile ? 64 : 0;
+        v.push_back(big);
+        Case ign = big;
+        ign.all_ignored = true, ign.N = 6, ign.chunk = 4;
+        v.push_back(ign);
+      }
+      // Tiles of one class, one tile of exactly V, one wider than V; every option at once.
+      for (std::int64_t tile : {1, 11, 50}) {
         Case c;
-        c.dt = t, c.red = r, c.chunk = chunk;
-        v.push_back(c);
-        c.weight = true, c.eps = 0.1, c.bias = false;
-        v.push_back(c);
-        c.softcap = 4.0, c.scale = 0.7, c.zls = 0.01, c.bias = true;
+        c.dt = t, c.red = r, c.chunk = 2, c.tile = tile, c.weight = true, c.eps = 0.2, c.softcap = 3.0;
+        c.scale = -1.3, c.zls = 0.02;
         v.push_back(c);
       }
-      Case big;
-      big.dt = t, big.red = r, big.N = 37, big.H = 24, big.V = 301, big.weight = true, big.eps = 0.05;
-      big.chunk = 5;
-      v.push_back(big);
-      Case ign = big;
-      ign.all_ignored = true, ign.N = 6, ign.chunk = 4;
-      v.push_back(ign);
     }
   }
   return v;
@@ -218,17 +249,227 @@ INSTANTIATE_TEST_SUITE_P(All, LinearCe, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return case_name(info.param); });
 
 TEST(LinearCeEdge, EmptyBatchGivesNanMeanAndZeroGradients) {
+  for (std::int64_t tile : {0, 4}) {
+    SCOPED_TRACE("vocab_tile " + std::to_string(tile));
+    Case c;
+    c.N = 0, c.tile = tile;
+    const Data d = make_data(c, 5);
+    Tensor loss = Tensor::make(DType::f32, {});
+    Tensor gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
+    Tensor gb = Tensor::make(DType::f32, {c.V}, Layout::contiguous, kSentinel);
+    lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, options(c, d),
+                                           CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt},
+                                           LinearCrossEntropyGrads{std::nullopt, gw.view, gb.view});
+    EXPECT_TRUE(std::isnan(loss.get(0)));
+    for (double v : gw.values()) EXPECT_EQ(v, 0.0);
+    for (double v : gb.values()) EXPECT_EQ(v, 0.0);
+  }
+}
+
+// A NaN logit makes its row's lse and loss NaN (0 when ignored) and its gradient NaN (also when ignored), the
+// other rows' results unchanged: tiles agree with whole rows, both ways.
+TEST(LinearCeEdge, NonFiniteRowsAgreeTiledAndWhole) {
   Case c;
-  c.N = 0;
-  const Data d = make_data(c, 5);
-  Tensor loss = Tensor::make(DType::f32, {}), gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
-  Tensor gb = Tensor::make(DType::f32, {c.V}, Layout::contiguous, kSentinel);
+  c.red = Reduction::none, c.chunk = 3, c.eps = 0.1;
+  Data d = make_data(c, 21);
+  d.x.set(2 * c.H + 1, std::nan(""));  // row 2: NaN logits
+  d.x.set(5 * c.H, std::nan(""));      // row 5: NaN logits, ignored
+  d.t.set_int(2, 3);
+  d.t.set_int(5, -100);
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "forward-with-grads" : "forward+backward");
+    Case tiled = c;
+    tiled.tile = 4;
+    const Outputs whole = run_lce(c, d, fused), tiles = run_lce(tiled, d, fused);
+    EXPECT_TRUE(std::isnan(tiles.loss.get(2)) && tiles.loss.get(5) == 0.0 && std::isnan(tiles.lse.get(5)));
+    EXPECT_TRUE(std::isnan(tiles.gx.get(2 * c.H)) && std::isnan(tiles.gx.get(5 * c.H)));
+    EXPECT_TRUE(close_rel("loss", tiles.loss.values(), whole.loss.values(), DType::f32));
+    EXPECT_TRUE(close_rel("lse", tiles.lse.values(), whole.lse.values(), DType::f32));
+    EXPECT_TRUE(close_rel("grad_x", tiles.gx.values(), whole.gx.values(), DType::f32));
+    EXPECT_TRUE(close_rel("grad_weight", tiles.gw.values(), whole.gw.values(), DType::f32));
+    EXPECT_TRUE(close_rel("grad_bias", tiles.gb.values(), whole.gb.values(), DType::f32));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// The gradient filter (tiled backward).
+
+// A GEMM hook counting the calls (the built-in GEMM does them), and one declining every call.
+int g_calls = 0;
+bool counting_hook(const lossfuse::GemmCall& call, void*) {
+  ++g_calls;
+  return lossfuse::builtin_gemm(call);
+}
+bool declining_hook(const lossfuse::GemmCall&, void*) { return false; }
+
+bool same_bits(const Tensor& a, const Tensor& b) { return a.storage == b.storage; }
+
+// A threshold below every tile's largest probability drops nothing: bit for bit the unfiltered result.
+TEST(LinearCeFilter, ThresholdThatDropsNothingEqualsUnfilteredExactly) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16}) {
+    for (bool fused : {true, false}) {
+      Case c;
+      c.dt = t, c.tile = 4, c.chunk = 3, c.weight = true, c.eps = 0.1, c.zls = 0.01;
+      SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
+      const Data d = case_data(c);
+      const Outputs off = run_lce(c, d, fused);
+      c.filter = 1e-30;
+      const Outputs tiny = run_lce(c, d, fused);
+      EXPECT_TRUE(same_bits(off.loss, tiny.loss) && same_bits(off.lse, tiny.lse));
+      EXPECT_TRUE(same_bits(off.gx, tiny.gx));
+      EXPECT_TRUE(same_bits(off.gw, tiny.gw));
+      EXPECT_TRUE(same_bits(off.gb, tiny.gb));
+    }
+  }
+}
+
+// The bound of linear_cross_entropy.hpp: with s = |logit_scale|, a_r = |g_r A_r| and D_r the classes of row r's
+// dropped tiles, |delta dx_rh| <= s a_r min(1, D_r tau) max_c |W_ch|, |delta dW_ch| <= s tau sum_r a_r |x_rh|,
+// |delta db_c| <= s tau sum_r a_r and sum_c |delta db_c| <= s sum_r a_r min(1, D_r tau). D_r is counted from the
+// float64 reference (a tile whose largest probability lies within 1e-9 of tau counts as dropped: a larger D_r only
+// loosens the bound). The loss and lse are unchanged.
+struct FilterCase {
+  DType dt;
+  Reduction red;
+  double eps, softcap, scale, zls;
+  bool weight;
+};
+
+class LinearCeFilterBound : public ::testing::TestWithParam<FilterCase> {};
+
+TEST_P(LinearCeFilterBound, ErrorWithinDocumentedBound) {
+  const FilterCase fc = GetParam();
+  Case c;
+  c.dt = fc.dt, c.red = fc.red, c.N = 23, c.H = 8, c.V = 97, c.tile = 8, c.chunk = 5;
+  c.eps = fc.eps, c.softcap = fc.softcap, c.scale = fc.scale, c.zls = fc.zls, c.weight = fc.weight;
+  const Data d = case_data(c);
+  const Outputs off = run_lce(c, d, false);
+  const Expected e = expected(c, d, off.grad_loss);
+  // Per row: a_r and the softmax q_rc of the reference.
+  const std::vector<double> cw = d.cw.values();
+  double sum_w = 0;
+  for (std::int64_t v = 0; v < c.V; ++v) sum_w += c.weight ? cw[v] : 1.0;
+  std::vector<double> a(static_cast<std::size_t>(c.N), 0.0), q(static_cast<std::size_t>(c.N * c.V));
+  for (std::int64_t r = 0; r < c.N; ++r) {
+    for (std::int64_t v = 0; v < c.V; ++v) {
+      double z = c.scale * e.logits[r * c.V + v];
+      if (c.softcap > 0) z = c.softcap * std::tanh(z / c.softcap);
+      q[r * c.V + v] = std::exp(z - e.ce.lse[r]);
+    }
+    const std::int64_t y = d.tv[r];
+    if (y == -100) continue;
+    const double g =
+        c.red == Reduction::none ? off.grad_loss[r] : off.grad_loss[0] / (c.red == Reduction::mean ? e.ce.denom : 1.0);
+    const double w_y = c.weight ? cw[y] : 1.0;
+    a[r] = std::abs(g * ((1 - c.eps) * w_y + c.eps / static_cast<double>(c.V) * sum_w + 2 * c.zls * e.ce.lse[r]));
+  }
+  const double s = std::abs(c.scale);
+  const std::vector<double> x = d.xv, w = d.wv;
+  const double slack_rel = c.dt == DType::f64 ? 1e-12 : rel_tol(c.dt);
+  bool dropped_any = false;
+  for (double tau : {1e-3, 1e-2, 0.1, 1.0}) {
+    SCOPED_TRACE(case_name(c) + " tau " + std::to_string(tau));
+    Case fcase = c;
+    fcase.filter = tau;
+    const Outputs on = run_lce(fcase, d, false);
+    EXPECT_TRUE(same_bits(off.loss, on.loss) && same_bits(off.lse, on.lse));
+    std::vector<double> D(static_cast<std::size_t>(c.N), 0.0);
+    for (std::int64_t r = 0; r < c.N; ++r) {
+      for (std::int64_t v0 = 0; v0 < c.V; v0 += c.tile) {
+        const std::int64_t v1 = std::min(c.V, v0 + c.tile);
+        double mq = 0;
+        for (std::int64_t v = v0; v < v1; ++v) mq = std::max(mq, q[r * c.V + v]);
+        if (mq < tau * (1 + 1e-9)) D[r] += static_cast<double>(v1 - v0);
+      }
+    }
+    auto check = [&](const char* what, const std::vector<double>& got, const std::vector<double>& ref,
+                     const std::function<double(std::int64_t)>& bound) {
+      double mag = 1e-3;
+      for (double v : ref) mag = std::max(mag, std::abs(v));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const double err = std::abs(got[i] - ref[i]);
+        if (err > 0) dropped_any = true;
+        EXPECT_LE(err, bound(static_cast<std::int64_t>(i)) + slack_rel * mag) << what << "[" << i << "]";
+      }
+    };
+    const std::vector<double> dx_off = off.gx.values(), dw_off = off.gw.values(), db_off = off.gb.values();
+    check("grad_x", on.gx.values(), dx_off, [&](std::int64_t i) {
+      const std::int64_t r = i / c.H, h = i % c.H;
+      double wmax = 0;
+      for (std::int64_t v = 0; v < c.V; ++v) wmax = std::max(wmax, std::abs(w[v * c.H + h]));
+      return s * a[r] * std::min(1.0, D[r] * tau) * wmax;
+    });
+    check("grad_weight", on.gw.values(), dw_off, [&](std::int64_t i) {
+      const std::int64_t h = i % c.H;
+      double t = 0;
+      for (std::int64_t r = 0; r < c.N; ++r) t += a[r] * std::abs(x[r * c.H + h]);
+      return s * tau * t;
+    });
+    double sum_a = 0, sum_a_min = 0;
+    for (std::int64_t r = 0; r < c.N; ++r) sum_a += a[r], sum_a_min += a[r] * std::min(1.0, D[r] * tau);
+    const std::vector<double> db_on = on.gb.values();
+    check("grad_bias", db_on, db_off, [&](std::int64_t) { return s * tau * sum_a; });
+    double db_l1 = 0, mag = 1e-3;
+    for (std::size_t i = 0; i < db_on.size(); ++i) db_l1 += std::abs(db_on[i] - db_off[i]);
+    for (double v : db_off) mag = std::max(mag, std::abs(v));
+    EXPECT_LE(db_l1, s * sum_a_min + slack_rel * mag * static_cast<double>(c.V));
+  }
+  EXPECT_TRUE(dropped_any) << "the filter dropped nothing: the test data is not peaked enough";
+}
+
+std::vector<FilterCase> filter_cases() {
+  std::vector<FilterCase> v;
+  for (Reduction r : {Reduction::none, Reduction::mean, Reduction::sum}) {
+    v.push_back({DType::f64, r, 0.0, 0.0, 4.0, 0.0, false});
+    v.push_back({DType::f64, r, 0.1, 0.0, 4.0, 0.01, true});
+    v.push_back({DType::f64, r, 0.0, 6.0, -5.0, 0.02, true});
+  }
+  v.push_back({DType::f32, Reduction::mean, 0.05, 5.0, 4.0, 0.01, true});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, LinearCeFilterBound, ::testing::ValuesIn(filter_cases()), [](const auto& info) {
+  const FilterCase& f = info.param;
+  return nm(f.dt) + "_" + red_name(f.red) + (f.eps ? "_ls" : "") + (f.softcap ? "_cap" : "") + (f.zls ? "_z" : "") +
+         (f.weight ? "_w" : "") + (f.scale < 0 ? "_negscale" : "");
+});
+
+// A tile that no row keeps, with no target in it and no label smoothing, skips its products: with threshold 1
+// every (row, tile) drops its q term, so with one row per chunk only the target's tile multiplies (dx and dW);
+// ignored rows multiply nothing. Their dx rows are still written (zeros), and the bound holds (tested above).
+TEST(LinearCeFilter, TilesNoRowKeepsSkipTheirProducts) {
+  Case c;
+  c.tile = 2, c.chunk = 1;  // 7 chunks x 6 tiles
+  Data d = case_data(c);
+  d.t.set_int(1, -100), d.tv[1] = -100;
+  Tensor lse = Tensor::make(DType::f32, {c.N}), loss = Tensor::make(DType::f32, {});
+  const double sentinel = Tensor::make(DType::f32, {1}, Layout::contiguous, kSentinel).get(0);
+  lossfuse::set_gemm_hook(&counting_hook);
   lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, options(c, d),
-                                         CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt},
-                                         LinearCrossEntropyGrads{std::nullopt, gw.view, gb.view});
-  EXPECT_TRUE(std::isnan(loss.get(0)));
-  for (double v : gw.values()) EXPECT_EQ(v, 0.0);
-  for (double v : gb.values()) EXPECT_EQ(v, 0.0);
+                                         CrossEntropyOutputs{loss.view, lse.view, std::nullopt});
+  std::int64_t want_off = 0, want_on = 0;
+  for (std::int64_t y : d.tv) {
+    want_off += y == -100 ? 6 : 6 * 3;
+    want_on += y == -100 ? 6 : 6 + 2;
+  }
+  for (double tau : {0.0, 1.0}) {
+    LinearCrossEntropyOptions o = options(c, d);
+    o.grad_filter = tau;
+    Tensor gx = Tensor::make(DType::f32, {c.N, c.H}, Layout::contiguous, kSentinel);
+    Tensor gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
+    g_calls = 0;
+    lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, d.b.view, d.t.view, lse.view, std::nullopt, o,
+                                            LinearCrossEntropyGrads{gx.view, gw.view, std::nullopt});
+    EXPECT_EQ(g_calls, tau == 0 ? want_off : want_on) << "tau " << tau;
+    for (std::int64_t r = 0; r < c.N; ++r) {
+      for (std::int64_t h = 0; h < c.H; ++h) {
+        if (d.tv[r] == -100) EXPECT_EQ(gx.get(r * c.H + h), 0.0);
+        EXPECT_NE(gx.get(r * c.H + h), sentinel);
+      }
+    }
+    for (double v : gw.values()) EXPECT_NE(v, sentinel);  // every row written, skipped tiles included
+  }
+  lossfuse::set_gemm_hook(nullptr);
 }
 
 // Bad input: an error naming the argument, and no output byte written.
@@ -255,6 +496,24 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
        "label_smoothing"},
       {"class weight shape", [](Data&, auto&, auto& o) { static Tensor t = Tensor::make(DType::f32, {3}); o.ce.weight = t.view; },
        ErrorCode::shape_mismatch, "weight"},
+      {"vocab_tile < 0", [](Data&, auto&, auto& o) { o.vocab_tile = -1; }, ErrorCode::invalid_value, "vocab_tile"},
+      {"grad_filter < 0", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.grad_filter = -0.1; },
+       ErrorCode::invalid_value, "grad_filter"},
+      {"grad_filter NaN", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.grad_filter = std::nan(""); },
+       ErrorCode::invalid_value, "grad_filter"},
+      {"grad_filter > 1", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.grad_filter = 1.5; },
+       ErrorCode::invalid_value, "grad_filter"},
+      {"grad_filter without tiles", [](Data&, auto&, auto& o) { o.grad_filter = 0.01; }, ErrorCode::invalid_value,
+       "grad_filter"},
+      // The tiled path checks the cross-entropy options itself, before any write.
+      {"tiled label smoothing", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.ce.label_smoothing = -1; },
+       ErrorCode::invalid_value, "label_smoothing"},
+      {"tiled softcap", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.ce.softcap = -2; }, ErrorCode::invalid_value,
+       "softcap"},
+      {"tiled z_loss_scale", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.ce.z_loss_scale = std::nan(""); },
+       ErrorCode::invalid_value, "z_loss_scale"},
+      {"tiled target", [](Data& d, auto&, auto& o) { o.vocab_tile = 4, d.t.set_int(6, -1); }, ErrorCode::index_error,
+       "target"},
   };
   for (const BadCase& bc : bad) {
     SCOPED_TRACE(bc.name);
@@ -282,13 +541,32 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
   }
 }
 
-// The GEMM hook: every product goes through it, and a hook that declines gives not_implemented.
-int g_calls = 0;
-bool counting_hook(const lossfuse::GemmCall& call, void*) {
-  ++g_calls;
-  return lossfuse::builtin_gemm(call);
+TEST(LinearCeErrors, BackwardBadTileOptionsWriteNothing) {
+  const Case c;
+  const Data d = make_data(c, 7);
+  Tensor lse = Tensor::make(DType::f32, {7});
+  for (int k = 0; k < 3; ++k) {
+    LinearCrossEntropyOptions o = options(c, d);
+    o.vocab_tile = k == 0 ? -5 : 4;
+    o.grad_filter = k == 1 ? -1.0 : (k == 2 ? std::nan("") : 0.0);
+    const std::string want = k == 0 ? "vocab_tile" : "grad_filter";
+    Tensor gx = Tensor::make(DType::f32, {7, 5}, Layout::contiguous, kSentinel);
+    Tensor gw = Tensor::make(DType::f32, {11, 5}, Layout::contiguous, kSentinel);
+    try {
+      lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, d.b.view, d.t.view, lse.view, std::nullopt, o,
+                                              LinearCrossEntropyGrads{gx.view, gw.view, std::nullopt});
+      ADD_FAILURE() << "no error for " << want;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_value) << e.what();
+      EXPECT_EQ(e.argument(), want) << e.what();
+    }
+    for (const Tensor* t : {&gx, &gw}) {
+      EXPECT_TRUE(std::all_of(t->storage.begin(), t->storage.end(), [](std::uint8_t v) { return v == kSentinel; }));
+    }
+  }
 }
-bool declining_hook(const lossfuse::GemmCall&, void*) { return false; }
+
+// The GEMM hook: every product goes through it, and a hook that declines gives not_implemented.
 
 TEST(LinearCeHook, HookRunsEveryProductOrDeclines) {
   Case c;
@@ -301,6 +579,21 @@ TEST(LinearCeHook, HookRunsEveryProductOrDeclines) {
                                          CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt},
                                          LinearCrossEntropyGrads{gx.view, gw.view, std::nullopt});
   EXPECT_EQ(g_calls, 9);
+  // Tiles: 3 chunks x 3 tiles (4 + 4 + 3 classes). Forward with grads: per tile the logits, then in the second
+  // sweep the logits again, dx and dW.
+  LinearCrossEntropyOptions o = options(c, d);
+  o.vocab_tile = 4;
+  g_calls = 0;
+  lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, o,
+                                         CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt},
+                                         LinearCrossEntropyGrads{gx.view, gw.view, std::nullopt});
+  EXPECT_EQ(g_calls, 3 * 3 * 4);
+  // The chunk from memory_budget counts tile-wide rows: 48 bytes = 3 rows of 4 float32 logits.
+  o.chunk_rows = 0, o.memory_budget = 48;
+  g_calls = 0;
+  lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, o,
+                                         CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt});
+  EXPECT_EQ(g_calls, 3 * 3);
   lossfuse::set_gemm_hook(&declining_hook);
   EXPECT_THROW(lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, options(c, d),
                                                       CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt}),
