@@ -10,6 +10,8 @@ def reduction_code(reduction, size_average=None, reduce=None):
     """torch's rules: the deprecated size_average/reduce pair wins when given."""
     if size_average is not None or reduce is not None:
         reduction = _torch_reduction.legacy_get_string(size_average, reduce)
+    if reduction == "elementwise_mean":  # torch's old name for 'mean', accepted with a warning
+        return _torch_reduction.get_enum(reduction)
     try:
         return _REDUCTIONS[reduction]
     except (KeyError, TypeError):

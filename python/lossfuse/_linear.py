@@ -114,7 +114,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
                          memory_budget=DEFAULT_MEMORY_BUDGET):
     """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
 
-    input (..., H), linear_weight (V, H), target (...) class indices of any integer dtype, linear_bias (V).
+    input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
     The logits are made chunk by chunk (chunk_rows rows, or as many as fit memory_budget bytes of float32) and
     reduced at once. strategy:
       'chunked'   gradients of input, linear_weight and linear_bias are computed during the forward pass and
@@ -128,17 +128,36 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     """
     del options
     red = reduction_code(reduction)
+    # torch's argument rules, with torch's exception type.
+    if input.dim() not in (1, 2):
+        raise RuntimeError(f"lossfuse: input: expected dimensionality 1 or 2, got {input.dim()}")
+    if linear_weight.dim() < 2:
+        raise RuntimeError(f"lossfuse: linear_weight: expected dimensionality at least 2, got {linear_weight.dim()}")
+    if input.shape[-1] != linear_weight.shape[-1]:
+        raise RuntimeError("lossfuse: linear_weight: expected the last dimension (in_features) of input, "
+                           f"{input.shape[-1]}, got {linear_weight.shape[-1]}")
+    if linear_weight.dim() > 2 and input.dim() == 1:
+        raise RuntimeError("lossfuse: input: a K-dimensional loss (linear_weight of shape "
+                           f"{tuple(linear_weight.shape)}) needs batched input, got shape {tuple(input.shape)}")
+    if linear_bias is not None and tuple(linear_bias.shape) not in (tuple(linear_weight.shape[:-1]),
+                                                                  (linear_weight.shape[:-1].numel(),)):
+        raise RuntimeError(f"lossfuse: linear_bias: expected shape {tuple(linear_weight.shape[:-1])}, got "
+                           f"{tuple(linear_bias.shape)}")
+    if target.is_floating_point() and ignore_index is not None:
+        raise RuntimeError("lossfuse: ignore_index: cannot be given when target holds probabilities")
     if ignore_index is None:
         ignore_index = -100
-    if target.is_floating_point() or linear_weight.dim() != 2 or input.dim() < 1:
+    if target.is_floating_point() or linear_weight.dim() != 2:
         warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
                       "computed from the full logits", stacklevel=2)
         from ._cross_entropy import cross_entropy
-        logits = torch.nn.functional.linear(input, linear_weight.reshape(linear_weight.shape[0], -1), linear_bias)
-        return cross_entropy(logits.movedim(-1, 1) if logits.dim() > 2 else logits, target, weight,
-                             ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-                             softcap=softcap, z_loss_scale=z_loss_scale, logit_scale=logit_scale,
-                             return_lse=return_lse)
+        classes, *out, hidden = linear_weight.shape
+        logits = torch.nn.functional.linear(input, linear_weight.reshape(-1, hidden),
+                                            None if linear_bias is None else linear_bias.reshape(-1))
+        logits = logits.reshape(*input.shape[:-1], classes, *out)
+        return cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                             label_smoothing=label_smoothing, softcap=softcap, z_loss_scale=z_loss_scale,
+                             logit_scale=logit_scale, return_lse=return_lse)
     if strategy not in ("auto", "chunked", "recompute"):
         raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
     lead = input.shape[:-1]

@@ -15,13 +15,13 @@ TORCH_LOSSES = [
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "hinge_embedding_loss",
     "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss", "multi_margin_loss",
-    "multilabel_margin_loss", "multilabel_soft_margin_loss", "ctc_loss",
+    "multilabel_margin_loss", "multilabel_soft_margin_loss", "ctc_loss", "linear_cross_entropy",
 ]
 TORCH_MODULES = [
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
     "KLDivLoss", "PoissonNLLLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "MarginRankingLoss",
     "TripletMarginLoss", "CosineEmbeddingLoss", "MultiMarginLoss", "MultiLabelMarginLoss",
-    "MultiLabelSoftMarginLoss", "CTCLoss",
+    "MultiLabelSoftMarginLoss", "CTCLoss", "LinearCrossEntropyLoss",
 ]
 
 
