@@ -6,11 +6,12 @@ from torch.nn import _reduction as _torch_reduction
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
-def reduction_code(reduction, size_average=None, reduce=None):
-    """torch's rules: the deprecated size_average/reduce pair wins when given."""
+def reduction_code(reduction, size_average=None, reduce=None, legacy_names=True):
+    """torch's rules: the deprecated size_average/reduce pair wins when given; 'elementwise_mean' is taken as
+    'mean' (with torch's warning) where torch reads the reduction with get_enum (legacy_names)."""
     if size_average is not None or reduce is not None:
         reduction = _torch_reduction.legacy_get_string(size_average, reduce)
-    if reduction == "elementwise_mean":  # torch's old name for 'mean', accepted with a warning
+    if legacy_names and reduction == "elementwise_mean":  # torch's old name for 'mean', accepted with a warning
         return _torch_reduction.get_enum(reduction)
     try:
         return _REDUCTIONS[reduction]

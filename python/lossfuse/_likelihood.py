@@ -276,7 +276,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
                      reduction="mean"):
     """torch.nn.functional.poisson_nll_loss: exp(x) - y x (log_input), else x - y log(x + eps); full adds
     y log y - y + 0.5 log(2 pi y) where y > 1. input and target broadcast; both get gradients, as torch."""
-    red = reduction_code(reduction, size_average, reduce)
+    red = reduction_code(reduction, size_average, reduce, legacy_names=False)
     log_input, full, eps = bool(log_input), bool(full), float(eps)
     if not (input.dtype.is_floating_point and target.dtype.is_floating_point) or not math.isfinite(eps):
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation.
