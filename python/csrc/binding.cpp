@@ -2,9 +2,15 @@
 // autograd uses.
 #include "binding.hpp"
 
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/Parallel.h>
+#include <sys/mman.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "lossfuse/parallel.hpp"
@@ -79,17 +85,77 @@ at::ScalarType acc_type(const at::Tensor& input) {
   return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) {
-  return at::empty(shape, input.options().dtype(acc_type(input)));
+namespace {
+
+// Large outputs (a gradient the size of the logits) are written once, right after they are allocated. torch's
+// CPU allocator maps such blocks afresh on every call, and with 4 KiB pages the first write faults every page:
+// for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. Blocks of at least
+// kLargeBlock bytes are therefore mapped on a 2 MiB boundary and advised as transparent huge pages
+// (madvise(MADV_HUGEPAGE)), one fault per 2 MiB. Where the kernel gives no huge pages (THP 'never') the
+// mapping behaves as an ordinary one. LOSSFUSE_HUGE_PAGES=0 in the environment turns this off; smaller blocks
+// and a failed mapping go to torch's own CPU allocator.
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+constexpr std::size_t kLargeBlock = std::size_t{8} << 20;
+
+struct Mapping {
+  void* base;
+  std::size_t length;
+};
+
+void unmap(void* ctx) {
+  std::unique_ptr<Mapping> m(static_cast<Mapping*>(ctx));
+  ::munmap(m->base, m->length);
 }
+
+bool huge_pages_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("LOSSFUSE_HUGE_PAGES");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+class LargeBlockAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t n) override {
+    if (n < kLargeBlock || !huge_pages_enabled()) return c10::GetCPUAllocator()->allocate(n);
+    const std::size_t length = (n + kHugePage - 1) / kHugePage * kHugePage;
+    auto m = std::make_unique<Mapping>(Mapping{nullptr, length});
+    // Over-map by one huge page, then trim both ends so the block starts on a 2 MiB boundary.
+    void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return c10::GetCPUAllocator()->allocate(n);
+    const auto begin = reinterpret_cast<std::uintptr_t>(raw);
+    const std::uintptr_t aligned = (begin + kHugePage - 1) & ~(std::uintptr_t{kHugePage} - 1);
+    if (aligned > begin) ::munmap(raw, aligned - begin);
+    const std::uintptr_t tail = begin + length + kHugePage - (aligned + length);
+    if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + length), tail);
+    m->base = reinterpret_cast<void*>(aligned);
+    ::madvise(m->base, length, MADV_HUGEPAGE);  // advice only: without THP the pages are ordinary ones
+    void* data = m->base;
+    return {data, m.release(), &unmap, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+LargeBlockAllocator g_large_block_allocator;
+
+at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::detail::empty_generic(shape, &g_large_block_allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   dtype, std::nullopt);
+}
+
+}  // namespace
+
+at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) { return new_output(shape, acc_type(input)); }
 
 at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t r) {
   return r == 0 ? new_acc(input, rows) : new_acc(input, {});
 }
 
 at::Tensor new_grad(const at::Tensor& like, bool wanted) {
-  return wanted ? at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous))
-                : at::empty({0}, like.options());
+  return new_output(wanted ? like.sizes() : at::IntArrayRef({0}), like.scalar_type());
 }
 
 void rethrow(const Error& e) {
