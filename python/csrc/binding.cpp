@@ -158,6 +158,23 @@ at::Tensor new_grad(const at::Tensor& like, bool wanted) {
   return new_output(wanted ? like.sizes() : at::IntArrayRef({0}), like.scalar_type());
 }
 
+at::Tensor acc_grad_output(const at::Tensor& grad_output, const at::Tensor& input) {
+  const auto acc = acc_type(input);
+  return grad_output.scalar_type() == acc ? grad_output : grad_output.to(acc);
+}
+
+TensorView output_view(const at::Tensor& t, const char* arg) {
+  TensorView v = view(t, arg);
+  if (t.numel() == 0) {
+    std::int64_t stride = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      v.strides[d] = stride;
+      stride *= v.shape[d];
+    }
+  }
+  return v;
+}
+
 void rethrow(const Error& e) {
   const std::string msg = e.what();
   switch (e.code()) {

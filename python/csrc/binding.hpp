@@ -35,6 +35,14 @@ inline std::optional<TensorView> grad_view(const at::Tensor& g, bool wanted, con
   return wanted ? std::optional<TensorView>(view(g, arg)) : std::nullopt;
 }
 
+// The upstream gradient in the loss's (accumulation) dtype, which the kernels read; converted only when a caller
+// (opcheck, a user calling an op directly) passes another dtype.
+at::Tensor acc_grad_output(const at::Tensor& grad_output, const at::Tensor& input);
+
+// The view of a new contiguous output. An empty one gets row-major strides (products of the sizes) instead of
+// torch's, which skip 0-size dims (torch gives (5, 0, 7) the strides (7, 7, 1)): nothing is stored through it.
+TensorView output_view(const at::Tensor& t, const char* arg);
+
 [[noreturn]] void rethrow(const Error& e);
 
 // Runs f, turning a lossfuse::Error into torch's exception of the same kind.
@@ -45,6 +53,15 @@ decltype(auto) guarded(F&& f) {
   } catch (const Error& e) {
     rethrow(e);
   }
+}
+
+// An elementwise loss's forward: runs `kernel(loss_view)` on a new loss (the input's shape for 'none', else 0-d),
+// lossfuse errors turned into torch's.
+template <class Kernel>
+at::Tensor run_forward(const at::Tensor& input, std::int64_t red, Kernel&& kernel) {
+  at::Tensor loss = new_loss(input, input.sizes(), red);
+  guarded([&] { kernel(output_view(loss, "loss")); });
+  return loss;
 }
 
 }  // namespace lossfuse::torch_binding

@@ -53,21 +53,6 @@ std::vector<std::int64_t> alpha_shape(const at::Tensor& log_probs, const at::Ten
   return {log_probs.size(0), 2 * s + 1};
 }
 
-// The view of an output allocated contiguous. An empty one gets row-major strides: torch gives e.g. (5, 0, 7) the
-// strides (7, 7, 1), which the core's contiguity check (TensorView::is_contiguous) rejects although nothing is
-// stored.
-TensorView output_view(const at::Tensor& t, const char* arg) {
-  TensorView v = view(t, arg);
-  if (t.numel() == 0) {
-    std::int64_t stride = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      v.strides[d] = stride;
-      stride *= v.shape[d];
-    }
-  }
-  return v;
-}
-
 std::tuple<at::Tensor, at::Tensor> ctc_loss(const at::Tensor& log_probs, const at::Tensor& targets,
                                             const at::Tensor& input_lengths, const at::Tensor& target_lengths,
                                             std::int64_t blank, std::int64_t red, bool zero_infinity,

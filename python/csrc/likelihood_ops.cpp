@@ -15,35 +15,6 @@
 namespace lossfuse::torch_binding {
 namespace {
 
-// The upstream gradient in the loss's (accumulation) dtype, which the kernels read; converted only when a caller
-// (opcheck, a user calling the op directly) passes another dtype.
-at::Tensor acc_grad_output(const at::Tensor& grad_output, const at::Tensor& input) {
-  const auto acc = acc_type(input);
-  return grad_output.scalar_type() == acc ? grad_output : grad_output.to(acc);
-}
-
-// A view of a new contiguous output. An empty one gets the row-major strides lossfuse's contiguity check expects
-// (products of the sizes) instead of torch's, which skip 0-size dims: nothing is written through it either way.
-TensorView output_view(const at::Tensor& t, const char* arg) {
-  TensorView v = view(t, arg);
-  if (t.numel() == 0) {
-    std::int64_t stride = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      v.strides[d] = stride;
-      stride *= v.shape[d];
-    }
-  }
-  return v;
-}
-
-// Runs `kernel(loss_view)` on a new loss (the input's shape for 'none', else 0-d), errors turned into torch's.
-template <class Kernel>
-at::Tensor run_forward(const at::Tensor& input, std::int64_t red, Kernel&& kernel) {
-  at::Tensor loss = new_loss(input, input.sizes(), red);
-  guarded([&] { kernel(output_view(loss, "loss")); });
-  return loss;
-}
-
 // Runs `kernel(grads)` with new gradients (each of its operand's shape and dtype, contiguous) for the operands
 // the mask asks for, and empty (0,) tensors for the others.
 template <std::size_t N, class Kernel>

@@ -16,39 +16,6 @@ namespace {
 
 // ---- helpers for any elementwise loss (shareable) ---------------------------------------------------------------
 
-// The loss of an elementwise op: the operands' shape for 'none', else 0-d; float32 (float64 for float64).
-at::Tensor new_pointwise_loss(const at::Tensor& input, std::int64_t red) { return new_loss(input, input.sizes(), red); }
-
-// The upstream gradient as the kernels read it: in the accumulation dtype, which is the loss's own dtype, so
-// this converts only when a caller (opcheck, a user) passes another dtype.
-at::Tensor acc_grad_output(const at::Tensor& grad_output, const at::Tensor& input) {
-  const auto acc = acc_type(input);
-  return grad_output.scalar_type() == acc ? grad_output : grad_output.to(acc);
-}
-
-// A view of a new contiguous output. An empty one gets the row-major strides lossfuse's contiguity check computes
-// (products of the sizes, 0 after a 0-size dim) instead of torch's (which skip 0-size dims): nothing is written
-// through it, and the core would otherwise reject e.g. a (2, 0) loss.
-TensorView output_view(const at::Tensor& t, const char* arg) {
-  TensorView v = view(t, arg);
-  if (t.numel() == 0) {
-    std::int64_t stride = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      v.strides[d] = stride;
-      stride *= v.shape[d];
-    }
-  }
-  return v;
-}
-
-// Runs `kernel(loss_view)` on a new loss tensor, lossfuse errors turned into torch's.
-template <class Kernel>
-at::Tensor run_forward(const at::Tensor& input, std::int64_t red, Kernel&& kernel) {
-  at::Tensor loss = new_pointwise_loss(input, red);
-  guarded([&] { kernel(output_view(loss, "loss")); });
-  return loss;
-}
-
 // Runs `kernel(grads)` with new gradient tensors for the operands the mask asks for (each of its operand's shape
 // and dtype, contiguous) and empty (0,) tensors for the others.
 template <std::size_t N, class Kernel>
