@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "lossfuse/parallel.hpp"
@@ -34,7 +36,9 @@ std::optional<DType> dtype_of(at::ScalarType s) {
 }
 
 // Kernels split their work with lossfuse::parallel_for; inside torch it runs on torch's intra-op pool, so
-// torch.set_num_threads applies and no second pool (or OpenMP runtime) is started.
+// torch.set_num_threads applies and no second pool (or OpenMP runtime) is started. at::parallel_for is a header
+// template whose OpenMP body exists only where _OPENMP is defined: this file is compiled with -fopenmp (and the
+// library links the libgomp.so.1 torch has loaded already), else every kernel would run on one thread.
 void torch_parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, ParallelBody body, void* ctx) {
   at::parallel_for(begin, end, grain, [&](std::int64_t b, std::int64_t e) { body(ctx, b, e); });
 }
@@ -93,9 +97,10 @@ namespace {
 // kLargeBlock bytes are therefore mapped on a 2 MiB boundary and advised as transparent huge pages
 // (madvise(MADV_HUGEPAGE)), one fault per 2 MiB. Where the kernel gives no huge pages (THP 'never') the
 // mapping behaves as an ordinary one. LOSSFUSE_HUGE_PAGES=0 in the environment turns this off; smaller blocks
-// and a failed mapping go to torch's own CPU allocator.
+// and a failed mapping go to torch's own CPU allocator. The bound is glibc's largest mmap threshold (32 MiB on
+// 64-bit): below it glibc may hand back heap memory a previous call already faulted in, which is cheaper still.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-constexpr std::size_t kLargeBlock = std::size_t{8} << 20;
+constexpr std::size_t kLargeBlock = std::size_t{32} << 20;
 
 struct Mapping {
   void* base;
@@ -209,12 +214,30 @@ void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::
   applied.fill_(want);
 }
 
+// How many distinct threads of torch's pool lossfuse::parallel_for runs `n` unit tasks on (grain 1): the test
+// that kernels really spread over torch.set_num_threads threads.
+std::int64_t parallel_threads(std::int64_t n) {
+  std::mutex mu;
+  std::set<int> seen;
+  parallel_for(0, n, 1, [&](std::int64_t, std::int64_t) {
+    const int id = at::get_thread_num();
+    const std::lock_guard<std::mutex> lock(mu);
+    seen.insert(id);
+  });
+  return static_cast<std::int64_t>(seen.size());
+}
+
 }  // namespace
 
 }  // namespace lossfuse::torch_binding
 
 TORCH_LIBRARY(lossfuse, m) {
   m.def("rescale_grad_(Tensor(a!) grad, Tensor(b!) applied, Tensor grad_output) -> ()");
+  m.def("_parallel_threads(int n) -> int");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
+
+TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
+  m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);
+}

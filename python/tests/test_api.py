@@ -82,6 +82,16 @@ def test_results_identical_for_any_torch_thread_count():
         assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
 
 
+def test_kernels_spread_over_torch_threads():
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.ops.lossfuse._parallel_threads(64) == n
+    finally:
+        torch.set_num_threads(before)
+
+
 def _openmp_runtimes():
     names = set()
     with open("/proc/self/maps") as maps:

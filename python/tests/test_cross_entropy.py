@@ -311,25 +311,25 @@ def test_retain_graph_second_backward_is_right():
 
 @pytest.mark.parametrize("huge_pages", ["1", "0"])
 def test_large_gradient_block(huge_pages):
-    # Gradients of 8 MiB and more are mapped on a 2 MiB boundary and advised as huge pages (unless
+    # Gradients of 32 MiB and more are mapped on a 2 MiB boundary and advised as huge pages (unless
     # LOSSFUSE_HUGE_PAGES=0): the values, and everything torch does with such a tensor afterwards (accumulate
     # into .grad, resize, free and map again), must be as for any tensor. Run in a fresh interpreter, where the
     # environment variable is read.
     code = """
 import torch, torch.nn.functional as F, lossfuse.nn.functional as LF
 torch.manual_seed(0)
-x = (torch.randn(70, 40000) * 2).requires_grad_()
-t = torch.randint(0, 40000, (70,))
+x = (torch.randn(220, 40000) * 2).requires_grad_()
+t = torch.randint(0, 40000, (220,))
 ref = torch.autograd.grad(F.cross_entropy(x.double(), t), x)[0]
 for step in range(3):
     LF.cross_entropy(x, t).backward()
     torch.testing.assert_close(x.grad, ref.float() * (step + 1), rtol=1e-5, atol=1e-9)
 g = torch.autograd.grad(LF.cross_entropy(x, t, reduction='sum'), x)[0]
 print(g.data_ptr() % (2 << 20) == 0)
-g.resize_(80, 40000)
-g[70:] = 1.0
-torch.testing.assert_close(g[:70], ref.float() * 70, rtol=1e-5, atol=1e-9)
-assert bool((g[70:] == 1.0).all())
+g.resize_(230, 40000)
+g[220:] = 1.0
+torch.testing.assert_close(g[:220], ref.float() * 220, rtol=1e-5, atol=1e-9)
+assert bool((g[220:] == 1.0).all())
 """
     env = dict(os.environ, LOSSFUSE_HUGE_PAGES=huge_pages)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
