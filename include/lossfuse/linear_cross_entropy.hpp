@@ -23,7 +23,11 @@
 // online log-sum-exp (src/math/vocab_tile_math.hpp); the backward recomputes each tile from the saved lse, turns
 // it into its gradient and adds its products into dx, dW[tile] and db[tile]. Results equal the untiled ones up to
 // rounding, for every option. Way 1 with tiles runs two sweeps over the tiles of each chunk: the forward, then the
-// backward from the lse it just made (the GEMMs of way 2's forward and backward together).
+// backward from the lse it just made (the GEMMs of way 2's forward and backward together). When dW needs a float32
+// accumulator (a 16-bit or strided grads.w), the tiled backward runs tile-major instead (way 1: the forward of
+// every chunk first): each tile's rows of dW are accumulated over all chunks in a Vt x H buffer and stored, rounded
+// once, before the next tile, so no V x H accumulator exists; dx is then accumulated across tiles in an N x H
+// float32 buffer when it is 16-bit or strided (no buffer for a contiguous float32 dx).
 //
 // Gradient filter (grad_filter = tau > 0, tiled only, off by default): in the backward (and way 1's second sweep),
 // a (row r, tile T) pair whose largest softmax probability max_{c in T} q_rc is below tau keeps only the -w_c b_c

@@ -145,6 +145,8 @@ def parse_args(argv):
                    help="lossfuse's chunk_rows (default 0: from --memory-budget)")
     p.add_argument("--memory-budget", type=float, metavar="MB",
                    help="lossfuse's memory_budget in MB of float32 logits per chunk (default: lossfuse's, 64)")
+    p.add_argument("--vocab-tile", type=int, default=0, metavar="N",
+                   help="lossfuse's vocab_tile (default 0: whole vocabulary rows)")
     p.add_argument("--no-bias", action="store_true", help="no linear bias (default: a bias that requires grad)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="torch.set_num_threads(N) for all contenders (default: torch.get_num_threads())")
@@ -163,6 +165,8 @@ def parse_args(argv):
         p.error("--reps must be >= 1")
     if a.chunk_rows < 0:
         p.error("--chunk-rows must be >= 0")
+    if a.vocab_tile < 0:
+        p.error("--vocab-tile must be >= 0")
     if a.memory_budget is not None and not a.memory_budget > 0:
         p.error("--memory-budget must be > 0")
     if a.shapes is None:
@@ -206,7 +210,7 @@ class Fns:
         self.lce_options = torch.nn.LinearCrossEntropyOptions()
         import lossfuse.nn.functional as LF
         self.ours = LF.linear_cross_entropy
-        self.ours_kw = {"chunk_rows": args.chunk_rows}
+        self.ours_kw = {"chunk_rows": args.chunk_rows, "vocab_tile": args.vocab_tile}
         if args.memory_budget is not None:
             self.ours_kw["memory_budget"] = int(args.memory_budget * MB)
 
@@ -331,7 +335,7 @@ def memory_child(spec, torch, fns):
 def measure_memory(spec, args):
     """Runs memory_child in a fresh interpreter; returns its dict, or {'error': ...}."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", json.dumps(spec),
-           "--chunk-rows", str(args.chunk_rows)]
+           "--chunk-rows", str(args.chunk_rows), "--vocab-tile", str(args.vocab_tile)]
     if args.memory_budget is not None:
         cmd += ["--memory-budget", repr(args.memory_budget)]
     if args.installed:

@@ -24,7 +24,8 @@ per contender and lossfuse's speedup over each torch contender (ratio of medians
 
 Peak memory: each (contender, shape, dtype, mode) runs in a fresh subprocess. It allocates the inputs and runs
 the call once (a warm-up; compilation for compile); then twice: before each call it returns freed heap memory to
-the OS (malloc_trim), records the resident set size (VmRSS) as the baseline and resets the high-water mark
+the OS (malloc_trim) and unmaps the block lossfuse keeps for reuse (lossfuse.empty_cache()), records the resident
+set size (VmRSS) as the baseline and resets the high-water mark
 (echo 5 > /proc/self/clear_refs); after it, the call's peak is VmHWM - baseline. Reported: the larger of the two,
 in MB (2^20 bytes) and as a multiple of the logits' bytes (N * V * element size). On the CPU torch allocates
 with the C library's malloc and keeps no cache of its own; the subprocess fixes glibc's mmap threshold at
@@ -240,6 +241,11 @@ def _proc_status_kb(key):
 
 
 def _malloc_trim():
+    """Returns freed heap memory to the OS; also unmaps the large block lossfuse keeps for reuse, so the measured
+    call has to map its gradient afresh (the block it leaves behind is its result's memory, counted in the peak)."""
+    lossfuse = sys.modules.get("lossfuse")
+    if lossfuse is not None and hasattr(lossfuse, "empty_cache"):
+        lossfuse.empty_cache()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

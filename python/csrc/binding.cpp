@@ -94,11 +94,17 @@ namespace {
 // Large outputs (a gradient the size of the logits) are written once, right after they are allocated. torch's
 // CPU allocator maps such blocks afresh on every call, and with 4 KiB pages the first write faults every page:
 // for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. Blocks of at least
-// kLargeBlock bytes are therefore mapped on a 2 MiB boundary and advised as transparent huge pages
-// (madvise(MADV_HUGEPAGE)), one fault per 2 MiB. Where the kernel gives no huge pages (THP 'never') the
-// mapping behaves as an ordinary one. LOSSFUSE_HUGE_PAGES=0 in the environment turns this off; smaller blocks
-// and a failed mapping go to torch's own CPU allocator. The bound is glibc's largest mmap threshold (32 MiB on
-// 64-bit): below it glibc may hand back heap memory a previous call already faulted in, which is cheaper still.
+// kLargeBlock bytes (glibc's largest mmap threshold, 32 MiB on 64-bit: below it glibc may hand back heap memory
+// a previous call already faulted in) therefore get their own mapping:
+//  - on a 2 MiB boundary, advised as transparent huge pages (madvise(MADV_HUGEPAGE)): one fault per 2 MiB where
+//    the kernel gives huge pages, an ordinary mapping where it does not;
+//  - and the last one freed is kept, still mapped and resident, for the next allocation of the same rounded size
+//    (a training loop asks for the same gradient every step): no fault at all then. At most one block is held;
+//    lossfuse.empty_cache() (the op _empty_cache) unmaps it. Keeping it also matters on virtual machines that
+//    hand free memory back to the host (free page reporting): a fresh huge page there can cost more than the
+//    4 KiB pages it replaces.
+// LOSSFUSE_HUGE_PAGES=0 in the environment sends every block to torch's CPU allocator; LOSSFUSE_KEEP_BLOCK=0
+// keeps the mappings but holds no block between calls. A failed mapping also falls back to torch's allocator.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kLargeBlock = std::size_t{32} << 20;
 
@@ -107,28 +113,41 @@ struct Mapping {
   std::size_t length;
 };
 
-void unmap(void* ctx) {
-  std::unique_ptr<Mapping> m(static_cast<Mapping*>(ctx));
-  ::munmap(m->base, m->length);
-}
-
-bool huge_pages_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("LOSSFUSE_HUGE_PAGES");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 class LargeBlockAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
-    if (n < kLargeBlock || !huge_pages_enabled()) return c10::GetCPUAllocator()->allocate(n);
+    if (n < kLargeBlock || !huge_pages_) return c10::GetCPUAllocator()->allocate(n);
     const std::size_t length = (n + kHugePage - 1) / kHugePage * kHugePage;
+    Mapping* m = take(length);
+    if (m == nullptr) m = map(length);
+    if (m == nullptr) return c10::GetCPUAllocator()->allocate(n);
+    return {m->base, m, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  // Unmaps the block held for reuse, if any.
+  void empty_cache() { unmap(take(0)); }
+
+ private:
+  // The held block when its length is `length` (any length for 0), else nullptr.
+  Mapping* take(std::size_t length) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    Mapping* m = kept_;
+    if (m == nullptr || (length != 0 && m->length != length)) return nullptr;
+    kept_ = nullptr;
+    return m;
+  }
+  static Mapping* map(std::size_t length) {
     auto m = std::make_unique<Mapping>(Mapping{nullptr, length});
     // Over-map by one huge page, then trim both ends so the block starts on a 2 MiB boundary.
     void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return c10::GetCPUAllocator()->allocate(n);
+    if (raw == MAP_FAILED) return nullptr;
     const auto begin = reinterpret_cast<std::uintptr_t>(raw);
     const std::uintptr_t aligned = (begin + kHugePage - 1) & ~(std::uintptr_t{kHugePage} - 1);
     if (aligned > begin) ::munmap(raw, aligned - begin);
@@ -136,18 +155,46 @@ class LargeBlockAllocator final : public c10::Allocator {
     if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + length), tail);
     m->base = reinterpret_cast<void*>(aligned);
     ::madvise(m->base, length, MADV_HUGEPAGE);  // advice only: without THP the pages are ordinary ones
-    void* data = m->base;
-    return {data, m.release(), &unmap, c10::Device(c10::DeviceType::CPU)};
+    return m.release();
   }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
+  static void unmap(Mapping* m) {
+    if (m == nullptr) return;
+    ::munmap(m->base, m->length);
+    delete m;
   }
+  // The DataPtr's deleter: the block becomes the held one (the one held before is unmapped).
+  static void release(void* ctx);
+
+  const bool huge_pages_ = env_on("LOSSFUSE_HUGE_PAGES");
+  const bool keep_ = env_on("LOSSFUSE_KEEP_BLOCK");
+  std::mutex mu_;
+  Mapping* kept_ = nullptr;
 };
 
-LargeBlockAllocator g_large_block_allocator;
+// Never destroyed: tensors may be freed after static destructors have run.
+LargeBlockAllocator& large_block_allocator() {
+  static auto* a = new LargeBlockAllocator;
+  return *a;
+}
+
+void LargeBlockAllocator::release(void* ctx) {
+  auto* m = static_cast<Mapping*>(ctx);
+  LargeBlockAllocator& a = large_block_allocator();
+  if (!a.keep_) {
+    unmap(m);
+    return;
+  }
+  Mapping* old = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(a.mu_);
+    old = a.kept_;
+    a.kept_ = m;
+  }
+  unmap(old);
+}
 
 at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
-  return at::detail::empty_generic(shape, &g_large_block_allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+  return at::detail::empty_generic(shape, &large_block_allocator(), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    dtype, std::nullopt);
 }
 
@@ -214,6 +261,8 @@ void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::
   applied.fill_(want);
 }
 
+void empty_cache() { large_block_allocator().empty_cache(); }
+
 // How many distinct threads of torch's pool lossfuse::parallel_for runs `n` unit tasks on (grain 1): the test
 // that kernels really spread over torch.set_num_threads threads.
 std::int64_t parallel_threads(std::int64_t n) {
@@ -234,10 +283,12 @@ std::int64_t parallel_threads(std::int64_t n) {
 TORCH_LIBRARY(lossfuse, m) {
   m.def("rescale_grad_(Tensor(a!) grad, Tensor(b!) applied, Tensor grad_output) -> ()");
   m.def("_parallel_threads(int n) -> int");
+  m.def("_empty_cache() -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);
+  m.impl("_empty_cache", &lossfuse::torch_binding::empty_cache);
 }

@@ -71,7 +71,7 @@ const bool g_gemm_hook_installed = [] {
 LinearCrossEntropyOptions lce_options(const std::optional<at::Tensor>& class_weight, std::int64_t red,
                                       std::int64_t ignore_index, double label_smoothing, double logit_scale,
                                       double softcap, double z_loss_scale, std::int64_t chunk_rows,
-                                      std::int64_t memory_budget) {
+                                      std::int64_t memory_budget, std::int64_t vocab_tile, double grad_filter) {
   LinearCrossEntropyOptions o;
   o.ce.reduction = reduction(red);
   o.ce.ignore_index = ignore_index;
@@ -82,6 +82,8 @@ LinearCrossEntropyOptions lce_options(const std::optional<at::Tensor>& class_wei
   o.ce.z_loss_scale = z_loss_scale;
   o.chunk_rows = chunk_rows;
   o.memory_budget = memory_budget;
+  o.vocab_tile = vocab_tile;
+  o.grad_filter = grad_filter;
   return o;
 }
 
@@ -99,7 +101,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
     const std::optional<at::Tensor>& linear_bias, const std::optional<at::Tensor>& weight, std::int64_t red,
     std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap, double z_loss_scale,
-    std::int64_t chunk_rows, std::int64_t memory_budget, c10::List<bool> grad_mask) {
+    std::int64_t chunk_rows, std::int64_t memory_budget, std::int64_t vocab_tile, double grad_filter,
+    c10::List<bool> grad_mask) {
   const std::int64_t N = input.dim() >= 1 ? input.size(0) : 0;
   at::Tensor loss = new_loss(input, {N}, red);
   at::Tensor lse = new_acc(input, {N});
@@ -109,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
   guarded([&] {
     const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
-                               chunk_rows, memory_budget);
+                               chunk_rows, memory_budget, vocab_tile, grad_filter);
     linear_cross_entropy_forward(view(input, "input"), view(linear_weight, "linear_weight"),
                                  view(linear_bias, "linear_bias"), view(target, "target"), o,
                                  CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
@@ -122,13 +125,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
     const at::Tensor& lse, const std::optional<at::Tensor>& linear_bias, const std::optional<at::Tensor>& weight,
     std::int64_t red, std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
-    double z_loss_scale, std::int64_t chunk_rows, std::int64_t memory_budget, c10::List<bool> grad_mask) {
+    double z_loss_scale, std::int64_t chunk_rows, std::int64_t memory_budget, std::int64_t vocab_tile,
+    double grad_filter, c10::List<bool> grad_mask) {
   at::Tensor gx = new_grad(input, grad_mask[0]);
   at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
   at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
   guarded([&] {
     const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
-                               chunk_rows, memory_budget);
+                               chunk_rows, memory_budget, vocab_tile, grad_filter);
     lossfuse::linear_cross_entropy_backward(view(input, "input"), view(linear_weight, "linear_weight"),
                                             view(linear_bias, "linear_bias"), view(target, "target"),
                                             view(lse, "lse"), view(grad_output, "grad_output"), o,
@@ -144,12 +148,13 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, "
       "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale, "
-      "int chunk_rows, int memory_budget, bool[3] grad_mask) -> (Tensor loss, Tensor lse, Tensor z_loss, "
+      "int chunk_rows, int memory_budget, int vocab_tile, float grad_filter, bool[3] grad_mask) -> (Tensor loss, Tensor lse, Tensor z_loss, "
       "Tensor grad_input, Tensor grad_linear_weight, Tensor grad_linear_bias)");
   m.def(
       "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor linear_weight, Tensor target, "
       "Tensor lse, Tensor? linear_bias, Tensor? weight, int reduction, int ignore_index, float label_smoothing, "
-      "float logit_scale, float softcap, float z_loss_scale, int chunk_rows, int memory_budget, bool[3] grad_mask) "
+      "float logit_scale, float softcap, float z_loss_scale, int chunk_rows, int memory_budget, int vocab_tile, "
+      "float grad_filter, bool[3] grad_mask) "
       "-> (Tensor, Tensor, Tensor)");
 }
 

@@ -12,5 +12,11 @@ from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  #
 from . import nn
 from ._patch import patch_torch, unpatch_torch
 
-__all__ = ["nn", "patch_torch", "unpatch_torch"]
+__all__ = ["nn", "patch_torch", "unpatch_torch", "empty_cache"]
 __version__ = "0.1.0"
+
+
+def empty_cache():
+    """Unmaps the large output block lossfuse keeps for reuse (the last freed gradient of 32 MiB or more; at most
+    one), as torch.cuda.empty_cache() does for torch's CUDA cache. LOSSFUSE_KEEP_BLOCK=0 keeps none."""
+    _torch.ops.lossfuse._empty_cache()

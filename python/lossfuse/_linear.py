@@ -19,7 +19,7 @@ def _bias_grad_fake(bias, input, wanted):
 
 @torch.library.register_fake("lossfuse::linear_cross_entropy")
 def _lce_fake(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-              logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, grad_mask):
+              logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, vocab_tile, grad_filter, grad_mask):
     n = input.shape[0]
     loss = input.new_empty((n,) if reduction == 0 else (), dtype=acc_dtype(input))
     return (loss, input.new_empty((n,), dtype=acc_dtype(input)), torch.empty_like(loss),
@@ -29,7 +29,8 @@ def _lce_fake(input, linear_weight, target, linear_bias, weight, reduction, igno
 
 @torch.library.register_fake("lossfuse::linear_cross_entropy_backward")
 def _lce_bwd_fake(grad_output, input, linear_weight, target, lse, linear_bias, weight, reduction, ignore_index,
-                  label_smoothing, logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, grad_mask):
+                  label_smoothing, logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, vocab_tile,
+                  grad_filter, grad_mask):
     return (new_grad(input, grad_mask[0]), new_grad(linear_weight, grad_mask[1]),
             _bias_grad_fake(linear_bias, input, grad_mask[2]))
 
@@ -40,8 +41,8 @@ def _is_eager(t):
 
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight = inputs[:5]
-    ctx.args = tuple(inputs[5:13])  # reduction .. memory_budget
-    ctx.precomputed = any(inputs[13])
+    ctx.args = tuple(inputs[5:15])  # reduction .. grad_filter
+    ctx.precomputed = any(inputs[15])
     loss, lse, z_loss, gx, gw, gb = output
     ctx.mark_non_differentiable(lse, z_loss, gx, gw, gb)
     ctx.set_materialize_grads(False)
@@ -82,7 +83,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
         out = list(_ops.linear_cross_entropy_backward(grad_loss, input, linear_weight, target, lse, linear_bias,
                                                       weight, *ctx.args, wanted))
         out = [g if w else None for g, w in zip(out, wanted)]
-    return out[0], out[1], None, out[2], None, None, None, None, None, None, None, None, None, None
+    return (out[0], out[1], None, out[2]) + (None,) * 12
 
 
 torch.library.register_autograd("lossfuse::linear_cross_entropy", _lce_backward, setup_context=_lce_setup)
@@ -111,7 +112,7 @@ def _reference_loss(logits, target, weight, args):
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, options=None, softcap=0.0, z_loss_scale=0.0,
                          logit_scale=1.0, return_lse=False, strategy="auto", chunk_rows=0,
-                         memory_budget=DEFAULT_MEMORY_BUDGET):
+                         memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=0, grad_filter=0.0):
     """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
 
     input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
@@ -122,6 +123,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
       'recompute' the forward keeps only the per-row log-sum-exp and backward recomputes the logits (any
                   upstream gradient, reduction 'none' included; retain_graph and checkpointing are fine);
       'auto'      'chunked' when gradients are needed and the reduction is 'mean' or 'sum', else 'recompute'.
+    vocab_tile > 0: the logits are made rows x vocab_tile at a time with an online log-sum-exp (the smallest memory;
+    for 16-bit weights also no V x H float32 accumulator of the weight's gradient). grad_filter (with vocab_tile,
+    off at 0): in backward, a (row, tile) whose largest probability is below it keeps only its target and
+    smoothing terms (error bound in include/lossfuse/linear_cross_entropy.hpp).
     lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. `options` (torch's
     LinearCrossEntropyOptions) is accepted and ignored: lossfuse always chunks. Probability targets and
     multi-dimensional weights fall back to cross_entropy on the full logits, with a warning.
@@ -175,7 +180,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     mask = wants if chunked and any(wants) else [False, False, False]
     loss, lse, _, _, _, _ = _ops.linear_cross_entropy(
         x, w, t, linear_bias, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
-        float(softcap), float(z_loss_scale), int(chunk_rows), int(memory_budget), mask)
+        float(softcap), float(z_loss_scale), int(chunk_rows), int(memory_budget), int(vocab_tile), float(grad_filter),
+        mask)
     if red == 0:
         loss = loss.reshape(lead)
     loss = loss if loss.dtype == input.dtype else loss.to(input.dtype)
@@ -187,10 +193,11 @@ class LinearCrossEntropyLoss(_tnn.LinearCrossEntropyLoss):
     linear_cross_entropy; lossfuse's extras as keyword-only constructor arguments."""
 
     def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, strategy="auto", chunk_rows=0,
-                 memory_budget=DEFAULT_MEMORY_BUDGET, **kwargs):
+                 memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=0, grad_filter=0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.extras = dict(softcap=softcap, z_loss_scale=z_loss_scale, logit_scale=logit_scale, strategy=strategy,
-                           chunk_rows=chunk_rows, memory_budget=memory_budget)
+                           chunk_rows=chunk_rows, memory_budget=memory_budget, vocab_tile=vocab_tile,
+                           grad_filter=grad_filter)
 
     def forward(self, input, target):
         linear_weight = self.linear.weight.reshape((self.num_classes, *self.out_features, self.linear.in_features))

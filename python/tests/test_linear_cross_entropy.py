@@ -48,7 +48,7 @@ def compare(dtype, reduction, strategy, chunk_rows, bias=True, **opts):
                                    chunk_rows=chunk_rows, **opts)
     refs = [p.detach().double().requires_grad_() for p in leaves]
     ref = reference(refs[0], refs[1], refs[2] if bias else None, t, reduction,
-                    **{k: v for k, v in opts.items() if k != "weight"}, cw=opts.get("weight"))
+                    **{k: v for k, v in opts.items() if k not in ("weight", "vocab_tile")}, cw=opts.get("weight"))
     assert ours.dtype == dtype and ours.shape == ref.shape
     scale = max(ref.abs().max().item(), 1.0)
     torch.testing.assert_close(ours.double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * scale, equal_nan=True)
@@ -65,8 +65,9 @@ def compare(dtype, reduction, strategy, chunk_rows, bias=True, **opts):
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("strategy", ["auto", "recompute"])
 @pytest.mark.parametrize("chunk_rows", [0, 4])
-def test_matches_cross_entropy_of_linear(dtype, reduction, strategy, chunk_rows):
-    compare(dtype, reduction, strategy, chunk_rows)
+@pytest.mark.parametrize("vocab_tile", [0, 64])
+def test_matches_cross_entropy_of_linear(dtype, reduction, strategy, chunk_rows, vocab_tile):
+    compare(dtype, reduction, strategy, chunk_rows, vocab_tile=vocab_tile)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -123,19 +124,27 @@ def test_gradcheck(reduction):
         return LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, label_smoothing=0.1,
                                        chunk_rows=2)
 
+    def tiled(x, w, b):
+        return LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, label_smoothing=0.1,
+                                       chunk_rows=2, vocab_tile=3)
+
     assert torch.autograd.gradcheck(fn, leaves)
     assert torch.autograd.gradgradcheck(fn, leaves)
+    assert torch.autograd.gradcheck(tiled, leaves)
 
 
 @pytest.mark.parametrize("grad_mask", [[False, False, False], [True, True, True]], ids=str)
 def test_opcheck(grad_mask):
     x, w, b, t = make(6, 5, 9, torch.float32, seed=7)
     ops = torch.ops.lossfuse
-    args = (x, w, t, b, None, 1, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, grad_mask)
+    args = (x, w, t, b, None, 1, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, 0, 0.0, grad_mask)
     torch.library.opcheck(ops.linear_cross_entropy.default, args)
     lse = ops.linear_cross_entropy(*args)[1]
     torch.library.opcheck(ops.linear_cross_entropy_backward.default,
-                          (torch.rand(6), x, w, t, lse, b, None, 0, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, grad_mask))
+                          (torch.rand(6), x, w, t, lse, b, None, 0, -100, 0.1, 1.0, 0.0, 0.0, 4, 1 << 20, 0, 0.0,
+                           grad_mask))
+    tiled = args[:13] + (4, 0.0, grad_mask)
+    torch.library.opcheck(ops.linear_cross_entropy.default, tiled)
 
 
 def test_torch_compile():

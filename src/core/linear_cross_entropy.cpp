@@ -225,8 +225,13 @@ class Runner {
     wants_grads_ = g.x || g.w || g.b;
     if (!wants_grads_) return;
     if (p.dt != p.pb.acc) g16_ = uninit<std::uint16_t>(R_ * p.Vt);
-    if (g.x && !(g.x->dtype == p.pb.acc && g.x->strides[1] == 1)) dx_ = uninit<Acc>(R_ * p.H);
-    if (g.w && !(g.w->dtype == p.pb.acc && g.w->strides[1] == 1)) dw_ = uninit<Acc>(p.V * p.H);
+    // dW in 16 bits (or strided) needs an accumulator. Chunk-major, it is V x H (every tile accumulates over every
+    // chunk); with vocabulary tiles the backward runs tile-major instead (every chunk of one tile, then the next
+    // tile), so the accumulator is one tile's Vt x H, and dx (accumulated over the tiles) is kept in full: N x H.
+    const bool dw_scratch = g.w && !(g.w->dtype == p.pb.acc && g.w->strides[1] == 1);
+    tile_major_ = p.tiled && dw_scratch;
+    if (g.x && !(g.x->dtype == p.pb.acc && g.x->strides[1] == 1)) dx_ = uninit<Acc>((tile_major_ ? p.N : R_) * p.H);
+    if (dw_scratch) dw_ = uninit<Acc>((tile_major_ ? p.Vt : p.V) * p.H);
     if (g.b) db_.assign(static_cast<std::size_t>(p.V), 0.0);
     dw_tile_written_.assign(static_cast<std::size_t>(tiles_), false);
   }
@@ -235,6 +240,10 @@ class Runner {
   // tiles, per chunk the tiled forward and/or the tiled backward.
   // scale[r]: the upstream gradient of row r's loss term (grads only). lse_rows: saved lse (backward only).
   void run(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
+    if (tile_major_) {
+      run_tile_major(loss_rows, lse_rows, z_rows, scale, backward);
+      return;
+    }
     for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) {
       const std::int64_t rc = std::min(R_, p_.N - r0);
       if (p_.tiled) {
@@ -355,18 +364,60 @@ class Runner {
     load_targets(r0, rc);
     for (std::int64_t t = 0; t < tiles_; ++t) {
       const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
-      make_logits(r0, rc, v0, vn);
-      with_cap(xf_.softcap > 0, [&](auto cap) {
-        parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) {
-            live_[i] = grad_tile_row<decltype(cap)::value>(i, v0, vn, lse_rows[r0 + i], scale[r0 + i]);
-          }
-        });
-      });
-      if (std::find(live_.begin(), live_.begin() + rc, char(1)) == live_.begin() + rc) continue;
-      accumulate_grads(r0, rc, v0, vn, t);
+      if (grad_tile(r0, rc, v0, vn, lse_rows, scale)) accumulate_grads(r0, rc, v0, vn, t);
     }
     finish_dx_rows(r0, rc);
+  }
+
+  // Tile [v0, v0 + vn) of rows [r0, r0 + rc) (targets loaded): logits recomputed and turned into their gradient in
+  // logits_. False when that gradient is zero in every row (its products can be skipped).
+  bool grad_tile(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, const Acc* lse_rows,
+                 const Acc* scale) {
+    make_logits(r0, rc, v0, vn);
+    with_cap(xf_.softcap > 0, [&](auto cap) {
+      parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+          live_[i] = grad_tile_row<decltype(cap)::value>(i, v0, vn, lse_rows[r0 + i], scale[r0 + i]);
+        }
+      });
+    });
+    return std::find(live_.begin(), live_.begin() + rc, char(1)) != live_.begin() + rc;
+  }
+
+  // Tiled with a dW accumulator: the forward chunk by chunk (every row's lse), then the backward tile-major, so
+  // dW's accumulator holds one tile (stored, rounded once, when every chunk has added into it) and dx's all rows.
+  void run_tile_major(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
+    const std::int64_t chunks = (p_.N + R_ - 1) / R_;
+    if (!backward) {
+      for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) tiled_forward(r0, std::min(R_, p_.N - r0), loss_rows, lse_rows, z_rows);
+    }
+    dx_chunk_written_.assign(static_cast<std::size_t>(chunks), 0);
+    for (std::int64_t t = 0; t < tiles_; ++t) {
+      const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
+      for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) {
+        const std::int64_t rc = std::min(R_, p_.N - r0);
+        load_targets(r0, rc);
+        if (grad_tile(r0, rc, v0, vn, lse_rows, scale)) accumulate_grads(r0, rc, v0, vn, t);
+      }
+      const TensorView dw = sub_rows(*g_.w, v0, vn);
+      if (dw_tile_written_[t]) {
+        store_rows(dw_.get(), dw, vn, p_.H);
+      } else {
+        zero_rows(dw, vn);
+      }
+    }
+    if (g_.x) {
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t r0 = c * R_, rc = std::min(R_, p_.N - r0);
+        const TensorView dx = sub_rows(*g_.x, r0, rc);
+        if (!dx_chunk_written_[c]) {
+          zero_rows(dx, rc);
+        } else if (dx_) {
+          store_rows(dx_.get() + r0 * p_.H, dx, rc, p_.H);
+        }
+      }
+    }
+    finish_grads();
   }
 
   // Row i of the tile [v0, v0 + vn) in logits_ becomes d loss / d logits. Returns 0 when it is all zero (an ignored
@@ -466,11 +517,14 @@ class Runner {
       c.lda = vn;
       c.b = sub_rows(w_, v0, vn).data;
       c.ldb = w_.strides[0];
-      c.c = dx_ ? static_cast<void*>(dx_.get()) : sub_rows(*g_.x, r0, rc).data;
+      // Chunk-major, the scratch holds the chunk's rows; tile-major, every row, and a chunk's rows are started
+      // by the first tile whose products reach them.
+      char& started = tile_major_ ? dx_chunk_written_[r0 / R_] : dx_started_;
+      c.c = dx_ ? static_cast<void*>(dx_.get() + (tile_major_ ? r0 * H : 0)) : sub_rows(*g_.x, r0, rc).data;
       c.ldc = dx_ ? H : g_.x->strides[0];
-      c.beta = dx_started_ ? 1.0 : 0.0;
+      c.beta = started ? 1.0 : 0.0;
       gemm_or_throw(c);
-      dx_started_ = true;
+      started = 1;
     }
     if (g_.w) {  // dW rows (vn x H) += G^T (vn x rc) @ x rows (rc x H)
       GemmCall c;
@@ -483,7 +537,7 @@ class Runner {
       c.lda = vn;
       c.b = sub_rows(x_, r0, rc).data;
       c.ldb = x_.strides[0];
-      c.c = dw_ ? static_cast<void*>(dw_.get() + v0 * H) : sub_rows(*g_.w, v0, vn).data;
+      c.c = dw_ ? static_cast<void*>(dw_.get() + (tile_major_ ? 0 : v0 * H)) : sub_rows(*g_.w, v0, vn).data;
       c.ldc = dw_ ? H : g_.w->strides[0];
       c.beta = dw_tile_written_[tile] ? 1.0 : 0.0;
       gemm_or_throw(c);
@@ -500,12 +554,12 @@ class Runner {
     } else if (dx_) {
       store_rows(dx_.get(), dx, rc, p_.H);
     }
-    dx_started_ = false;
+    dx_started_ = 0;
   }
 
   void finish_grads() {
     const std::int64_t V = p_.V, H = p_.H;
-    if (g_.w) {
+    if (g_.w && !tile_major_) {  // tile-major stored each tile already
       for (std::int64_t t = 0; t < tiles_; ++t) {  // rows no product reached (no chunk, or every chunk skipped)
         if (dw_tile_written_[t]) continue;
         const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, V - v0);
@@ -561,7 +615,9 @@ class Runner {
   std::int64_t tiles_ = 0;  // vocabulary tiles of Vt classes (one of V when untiled; none when V = 0)
   CrossEntropyOptions ce_;
   bool wants_grads_ = false;
-  bool dx_started_ = false;            // a product has written the current chunk's dx rows
+  bool tile_major_ = false;            // tiled with a dW accumulator: the backward runs tile by tile
+  char dx_started_ = 0;                // a product has written the current chunk's dx rows
+  std::vector<char> dx_chunk_written_;  // tile-major: a product has written the chunk's dx rows
   std::vector<bool> dw_tile_written_;  // a product has written the tile's rows of dW
   std::unique_ptr<Acc[]> logits_;      // R x Vt: a chunk's logits, then their gradient
   std::vector<Acc> bias_;

@@ -291,6 +291,43 @@ TEST(LinearCeEdge, NonFiniteRowsAgreeTiledAndWhole) {
   }
 }
 
+// A float32 dW gradient with a non-unit inner stride needs an accumulator: tiled, the backward then runs tile-major
+// (dW one tile at a time, dx accumulated across tiles straight into a float32 output). Both ways, chunks and tiles
+// that do not divide N and V, against the float64 reference.
+TEST(LinearCeEdge, TileMajorBackwardWithStridedWeightGrad) {
+  for (bool fused : {true, false}) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      Case c;
+      c.dt = t, c.N = 10, c.V = 13, c.chunk = 3, c.tile = 4, c.weight = true, c.eps = 0.1;
+      SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
+      const Data d = case_data(c);
+      const DType acc = acc_of(t);
+      const std::vector<std::int64_t> none{};
+      Tensor loss = Tensor::make(acc, none), lse = Tensor::make(acc, {c.N});
+      Tensor gx = Tensor::make(t, {c.N, c.H}), gw = Tensor::make(t, {c.V, c.H}, Layout::transposed);
+      Tensor gb = Tensor::make(acc, {c.V});
+      const LinearCrossEntropyOptions o = options(c, d);
+      const LinearCrossEntropyGrads g{gx.view, gw.view, gb.view};
+      const CrossEntropyOutputs out{loss.view, lse.view, std::nullopt};
+      std::vector<double> grad_loss;
+      if (fused) {
+        lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, o, out, g);
+      } else {
+        lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, o, out);
+        Tensor gl = Tensor::make(acc, none);
+        gl.set(0, -0.75);
+        grad_loss.push_back(-0.75);
+        lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, d.b.view, d.t.view, lse.view, gl.view, o, g);
+      }
+      const Expected e = expected(c, d, grad_loss);
+      EXPECT_TRUE(close_rel("loss", loss.values(), {e.ce.loss}, DType::f32));
+      EXPECT_TRUE(close_rel("grad_x", gx.values(), e.dx, t));
+      EXPECT_TRUE(close_rel("grad_weight", gw.values(), e.dw, t));
+      EXPECT_TRUE(close_rel("grad_bias", gb.values(), e.db, t));
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // The gradient filter (tiled backward).
 
