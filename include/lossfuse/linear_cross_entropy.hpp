@@ -58,7 +58,7 @@ namespace lossfuse {
 struct LinearCrossEntropyOptions {
   CrossEntropyOptions ce;                          // index targets only (no soft targets)
   std::int64_t chunk_rows = 0;                     // 0: from memory_budget
-  std::int64_t memory_budget = std::int64_t{64} << 20;  // bytes for one chunk of float32 logits (and its gradient)
+  std::int64_t memory_budget = std::int64_t{32} << 20;  // bytes for one chunk of float32 logits (and its gradient)
   std::int64_t vocab_tile = 0;                     // 0: whole vocabulary rows; > 0: tile width in classes
   double grad_filter = 0.0;                        // 0: off; in (0, 1]: threshold (tiled only; see above)
 };

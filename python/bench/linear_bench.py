@@ -144,9 +144,9 @@ def parse_args(argv):
     p.add_argument("--chunk-rows", type=int, default=0, metavar="N",
                    help="lossfuse's chunk_rows (default 0: from --memory-budget)")
     p.add_argument("--memory-budget", type=float, metavar="MB",
-                   help="lossfuse's memory_budget in MB of float32 logits per chunk (default: lossfuse's, 64)")
-    p.add_argument("--vocab-tile", type=int, default=0, metavar="N",
-                   help="lossfuse's vocab_tile (default 0: whole vocabulary rows)")
+                   help="lossfuse's memory_budget in MB of float32 logits per chunk (default: lossfuse's, 32)")
+    p.add_argument("--vocab-tile", type=int, default=None, metavar="N",
+                   help="lossfuse's vocab_tile (default: lossfuse's, 1024 for 16-bit weights, else 0: whole rows)")
     p.add_argument("--no-bias", action="store_true", help="no linear bias (default: a bias that requires grad)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="torch.set_num_threads(N) for all contenders (default: torch.get_num_threads())")
@@ -165,7 +165,7 @@ def parse_args(argv):
         p.error("--reps must be >= 1")
     if a.chunk_rows < 0:
         p.error("--chunk-rows must be >= 0")
-    if a.vocab_tile < 0:
+    if a.vocab_tile is not None and a.vocab_tile < 0:
         p.error("--vocab-tile must be >= 0")
     if a.memory_budget is not None and not a.memory_budget > 0:
         p.error("--memory-budget must be > 0")
@@ -335,7 +335,9 @@ def memory_child(spec, torch, fns):
 def measure_memory(spec, args):
     """Runs memory_child in a fresh interpreter; returns its dict, or {'error': ...}."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", json.dumps(spec),
-           "--chunk-rows", str(args.chunk_rows), "--vocab-tile", str(args.vocab_tile)]
+           "--chunk-rows", str(args.chunk_rows)]
+    if args.vocab_tile is not None:
+        cmd += ["--vocab-tile", str(args.vocab_tile)]
     if args.memory_budget is not None:
         cmd += ["--memory-budget", repr(args.memory_budget)]
     if args.installed:

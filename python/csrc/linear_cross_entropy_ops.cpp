@@ -29,7 +29,7 @@ at::Tensor operand(const void* p, DType t, bool trans, std::int64_t rows, std::i
 // C = alpha op(A) op(B) + beta C. float32/float64 operands multiply straight into C. 16-bit operands: torch's CPU
 // matmul has no float32-output variant, so the product is formed in the operands' dtype (as torch's own 16-bit
 // linear layers do) over blocks of C's rows, each block then added into C in float32; the temporary stays under
-// 16M elements whatever the call's size.
+// 4M elements (8 MB) whatever the call's size.
 bool torch_gemm(const GemmCall& g, void*) noexcept {
   try {
     const DType cdt = g.ab_dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -44,7 +44,7 @@ bool torch_gemm(const GemmCall& g, void*) noexcept {
       }
       return true;
     }
-    const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 24) / std::max<std::int64_t>(g.n, 1));
+    const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / std::max<std::int64_t>(g.n, 1));
     for (std::int64_t i0 = 0; i0 < g.m; i0 += block) {
       const std::int64_t i1 = std::min(g.m, i0 + block);
       const at::Tensor prod = at::mm(A.slice(0, i0, i1), B);

@@ -10,7 +10,10 @@ from ._common import acc_dtype, new_grad, reduction_code
 _ops = torch.ops.lossfuse
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 
-DEFAULT_MEMORY_BUDGET = 64 << 20  # bytes of float32 logits per chunk
+DEFAULT_MEMORY_BUDGET = 32 << 20  # bytes of float32 logits per chunk
+# vocab_tile=None: tiles of this many classes when the weight's gradient is 16-bit (the backward then runs tile by
+# tile, with no V x H float32 accumulator), whole vocabulary rows otherwise.
+AUTO_VOCAB_TILE_16BIT = 1024
 
 
 def _bias_grad_fake(bias, input, wanted):
@@ -112,7 +115,7 @@ def _reference_loss(logits, target, weight, args):
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, options=None, softcap=0.0, z_loss_scale=0.0,
                          logit_scale=1.0, return_lse=False, strategy="auto", chunk_rows=0,
-                         memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=0, grad_filter=0.0):
+                         memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=None, grad_filter=0.0):
     """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
 
     input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
@@ -124,7 +127,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
                   upstream gradient, reduction 'none' included; retain_graph and checkpointing are fine);
       'auto'      'chunked' when gradients are needed and the reduction is 'mean' or 'sum', else 'recompute'.
     vocab_tile > 0: the logits are made rows x vocab_tile at a time with an online log-sum-exp (the smallest memory;
-    for 16-bit weights also no V x H float32 accumulator of the weight's gradient). grad_filter (with vocab_tile,
+    for 16-bit weights also no V x H float32 accumulator of the weight's gradient); 0: whole vocabulary rows (for
+    float32 the fastest: three GEMMs in all); None (the default): 1024 when linear_weight is 16-bit and needs a
+    gradient, else 0. grad_filter (with vocab_tile,
     off at 0): in backward, a (row, tile) whose largest probability is below it keeps only its target and
     smoothing terms (error bound in include/lossfuse/linear_cross_entropy.hpp).
     lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. `options` (torch's
@@ -178,6 +183,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     if chunked and red == 0:
         raise ValueError("strategy 'chunked' needs reduction 'mean' or 'sum' (use 'recompute' for 'none')")
     mask = wants if chunked and any(wants) else [False, False, False]
+    if vocab_tile is None:
+        vocab_tile = AUTO_VOCAB_TILE_16BIT if wants[1] and w.element_size() == 2 else 0
     loss, lse, _, _, _, _ = _ops.linear_cross_entropy(
         x, w, t, linear_bias, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
         float(softcap), float(z_loss_scale), int(chunk_rows), int(memory_budget), int(vocab_tile), float(grad_filter),
@@ -193,7 +200,7 @@ class LinearCrossEntropyLoss(_tnn.LinearCrossEntropyLoss):
     linear_cross_entropy; lossfuse's extras as keyword-only constructor arguments."""
 
     def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, strategy="auto", chunk_rows=0,
-                 memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=0, grad_filter=0.0, **kwargs):
+                 memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=None, grad_filter=0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.extras = dict(softcap=softcap, z_loss_scale=z_loss_scale, logit_scale=logit_scale, strategy=strategy,
                            chunk_rows=chunk_rows, memory_budget=memory_budget, vocab_tile=vocab_tile,
