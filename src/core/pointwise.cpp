@@ -196,13 +196,18 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     }
   }
   core::check_disjoint(written, read);
-  // Value checks last: they read every element, and no write happens before they pass.
-  if (c.scan == Scan::input_unit_interval) {
-    scan_values(x, c.x_name, "every element in [0, 1]", [](auto v) { return (v >= 0) & (v <= 1); });
-  } else if (c.scan == Scan::z_nonnegative) {
-    // NaN passes, as torch's any(var < 0).
-    scan_values(*c.z, c.z_name, "every element >= 0", [](auto v) { return !(v < 0); });
-  }
+  // Value checks last: they read every element, and no write happens before they pass. A reduced forward writes
+  // only after its kernel, so there the kernel checks in the same pass and the scan runs only to report a failure.
+  auto scan = [&] {
+    if (c.scan == Scan::input_unit_interval) {
+      scan_values(x, c.x_name, "every element in [0, 1]", [](auto v) { return (v >= 0) & (v <= 1); });
+    } else if (c.scan == Scan::z_nonnegative) {
+      // NaN passes, as torch's any(var < 0).
+      scan_values(*c.z, c.z_name, "every element >= 0", [](auto v) { return !(v < 0); });
+    }
+  };
+  const bool check_in_kernel = grads == nullptr && c.reduction != Reduction::none && c.scan != Scan::none;
+  if (!check_in_kernel) scan();
 
   PwParams p;
   p.kind = c.kind;
@@ -269,7 +274,19 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     tile_loss.assign(static_cast<std::size_t>(tiles), 0.0);
     p.tile_loss = tile_loss.data();
   }
+  std::vector<char> tile_bad;
+  if (check_in_kernel) {
+    tile_bad.assign(static_cast<std::size_t>(tiles), 0);
+    p.tile_bad = tile_bad.data();
+    p.check = c.scan == Scan::input_unit_interval ? core::PwCheck::x_unit_interval : core::PwCheck::z_nonnegative;
+  }
   cpu::pointwise_run(p);
+  if (std::find(tile_bad.begin(), tile_bad.end(), char(1)) != tile_bad.end()) {
+    scan();  // throws, naming the first bad element
+    // Unreachable (the kernel and the scan test the same predicate); never return a result the check rejected.
+    throw Error(ErrorCode::invalid_value, c.scan == Scan::input_unit_interval ? c.x_name : c.z_name,
+                "a value check that agrees with the scan", "a tile flagged by the kernel but passed by the scan");
+  }
   if (c.reduction != Reduction::none) {
     if (weight_mean) {
       denominator = 0;

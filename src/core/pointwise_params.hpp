@@ -31,6 +31,10 @@ enum PwFlag : std::uint8_t {
   kPwFull = 2,       // poisson_nll: full
 };
 
+// The value checks a kernel can make: x in [0, 1] (bce's input; NaN fails), z not below 0 (gaussian_nll's var;
+// NaN passes, as torch's any(var < 0)).
+enum class PwCheck : std::uint8_t { none, x_unit_interval, z_nonnegative };
+
 // Views in stride-table order: inputs x (input), y (target), z (third operand), w (weight); gradient outputs
 // gx, gy, gz; go (upstream gradient, reduction none).
 enum PwView : int { kPwX = 0, kPwY, kPwZ, kPwW, kPwGX, kPwGY, kPwGZ, kPwGO, kPwViews };
@@ -51,6 +55,11 @@ struct PwParams {
   double grad_scale = 1;                     // upstream gradient scale (1/denominator folded in for mean)
   double* tile_loss = nullptr;               // reductions: per tile sum of (w) l, in double
   double* tile_weight = nullptr;             // weighted mean over sum(w): per tile sum of w
+  // Reduced forward only: core's value check made in the same pass instead of a pass of its own. A tile holding
+  // an element outside the valid range gets tile_bad[t] = 1; core then finds and reports the first one (the
+  // reduced loss is written after the kernel, so nothing has been written).
+  PwCheck check = PwCheck::none;
+  char* tile_bad = nullptr;
 };
 
 }  // namespace lossfuse::core

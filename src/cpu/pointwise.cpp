@@ -167,6 +167,7 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
   const Acc gscale = static_cast<Acc>(p.grad_scale);
   const bool want_loss = !p.backward && (p.loss_rows != nullptr || p.tile_loss != nullptr);
+  const core::PwCheck check = p.tile_bad != nullptr ? p.check : core::PwCheck::none;
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
 
   // A vector (or stride-0 broadcast) of operand v at element offset `off`.
@@ -181,6 +182,8 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
     const Offsets o = RowOffsets(p, row, i0);
     V vl = hn::Zero(d), vw = hn::Zero(d);
     double tl = 0, tw = 0;
+    auto bad = hn::FirstN(d, 0);  // all false
+    bool bad_tail = false;
     std::int64_t i = i0;
     if (vec_ok) {
       for (; i + N <= i1; i += N) {
@@ -192,6 +195,11 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
         if (!p.backward) {
           if (W != nullptr) vw = hn::Add(vw, w);
           if (!want_loss) continue;
+          if (check == core::PwCheck::x_unit_interval) {
+            bad = hn::Or(bad, hn::Not(hn::And(hn::Ge(x, hn::Zero(d)), hn::Le(x, hn::Set(d, Acc(1))))));
+          } else if (check == core::PwCheck::z_nonnegative) {
+            bad = hn::Or(bad, hn::Lt(z, hn::Zero(d)));
+          }
           V l = Loss::value(vo, k, x, y, z);
           if (W != nullptr) l = hn::Mul(l, w);
           if (loss_rows != nullptr) {
@@ -222,6 +230,8 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
       if (!p.backward) {
         tw += static_cast<double>(w);
         if (!want_loss) continue;
+        if (check == core::PwCheck::x_unit_interval) bad_tail |= !((x >= Acc(0)) & (x <= Acc(1)));
+        if (check == core::PwCheck::z_nonnegative) bad_tail |= z < Acc(0);
         Acc l = Loss::value(so, k, x, y, z);
         if (W != nullptr) l *= w;
         if (loss_rows != nullptr) {
@@ -239,6 +249,7 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
       if (GY != nullptr) GY[o.v[core::kPwGY] + j * s[core::kPwGY]] = FromAcc<T>(dy);
       if (GZ != nullptr) GZ[o.v[core::kPwGZ] + j * s[core::kPwGZ]] = FromAcc<T>(dz);
     }
+    if (p.tile_bad != nullptr && (bad_tail || !hn::AllFalse(d, bad))) p.tile_bad[t] = 1;
     if (p.tile_loss != nullptr) p.tile_loss[t] = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, vl))) + tl;
     if (p.tile_weight != nullptr) p.tile_weight[t] = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, vw))) + tw;
   }

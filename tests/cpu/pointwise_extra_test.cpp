@@ -663,6 +663,49 @@ TEST(PointwiseExtraErrors, BceInputOutOfRange) {
   for (auto b : loss.storage) EXPECT_EQ(b, kSentinel);
 }
 
+// A reduced forward checks bce's input range and gaussian_nll's var inside its kernel (one pass): a bad element in
+// the vector body or in a tail, in any tile, is still reported with its position, and the loss is not written.
+TEST(PointwiseExtraErrors, ReducedForwardChecksInKernel) {
+  namespace lf = lossfuse;
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    for (std::int64_t n : {std::int64_t{1000}, std::int64_t{2 * 16384 + 37}}) {
+      for (std::int64_t pos : {std::int64_t{3}, n / 2, n - 1}) {
+        for (Reduction r : {Reduction::mean, Reduction::sum}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " n " + std::to_string(n) + " pos " + std::to_string(pos));
+          const DType acc = t == DType::f64 ? DType::f64 : DType::f32;
+          Tensor x = Tensor::make(t, {n}), y = Tensor::make(t, {n}), v = Tensor::make(t, {n});
+          for (std::int64_t i = 0; i < n; ++i) x.set(i, 0.25), y.set(i, i % 2), v.set(i, 1.0);
+          const std::string where = "[" + std::to_string(pos) + "]";
+          for (double bad : {1.5, -0.25, static_cast<double>(NAN)}) {
+            x.set(pos, bad);
+            Tensor loss = Tensor::make(acc, {}, Layout::contiguous, kSentinel);
+            std::string msg;
+            EXPECT_TRUE(throws_error([&] { lf::bce_forward(x.view, y.view, {r, std::nullopt}, loss.view); },
+                                     {ErrorCode::invalid_value}, &msg));
+            EXPECT_NE(msg.find(where), std::string::npos) << msg;
+            for (auto b : loss.storage) EXPECT_EQ(b, kSentinel);
+          }
+          x.set(pos, 0.25);
+          v.set(pos, -1e-3);
+          Tensor loss = Tensor::make(acc, {}, Layout::contiguous, kSentinel);
+          std::string msg;
+          EXPECT_TRUE(throws_error([&] { lf::gaussian_nll_forward(x.view, y.view, v.view, {r}, loss.view); },
+                                   {ErrorCode::invalid_value}, &msg));
+          EXPECT_NE(msg.find("var"), std::string::npos) << msg;
+          EXPECT_NE(msg.find(where), std::string::npos) << msg;
+          for (auto b : loss.storage) EXPECT_EQ(b, kSentinel);
+          v.set(pos, NAN);  // passes the check, as torch's any(var < 0), and gives NaN
+          lf::gaussian_nll_forward(x.view, y.view, v.view, {r}, loss.view);
+          EXPECT_TRUE(std::isnan(loss.get(0)));
+          v.set(pos, 1.0);
+          lf::bce_forward(x.view, y.view, {r, std::nullopt}, loss.view);  // all valid again: a finite loss
+          EXPECT_TRUE(std::isfinite(loss.get(0)));
+        }
+      }
+    }
+  }
+}
+
 TEST(PointwiseExtraErrors, GaussianNegativeVar) {
   namespace lf = lossfuse;
   Tensor x = Tensor::make(DType::f64, {7}), y = Tensor::make(DType::f64, {7}), v = Tensor::make(DType::f64, {7});
