@@ -100,8 +100,14 @@ struct HwyOps {
     const V l1mx = hn::IfThenElse(hn::Eq(x, one), lo, hn::Max(FastLog1pPositive(d, hn::Neg(x)), lo));
     return hn::Neg(hn::MulAdd(y, lx, hn::Mul(hn::Sub(one, y), l1mx)));
   }
-  // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN.
-  HWY_INLINE V softplus(V a) const { return hn::Add(hn::Max(a, hn::Zero(d)), log1p(exp(hn::Neg(hn::Abs(a))))); }
+  // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN. exp(-|a|) lies in [0, 1] for
+  // every non-NaN a (-inf is clamped to the lowest finite value, whose exp is 0), so neither exp's nor log1p's
+  // edge handling is needed: one select for NaN at the end.
+  HWY_INLINE V softplus(V a) const {
+    const V e = hn::Exp(d, hn::Max(hn::Neg(hn::Abs(a)), hn::Set(d, hwy::LowestValue<T>())));
+    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pPositive(d, e));
+    return hn::IfThenElse(hn::IsNaN(a), a, r);
+  }
   HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }
   HWY_INLINE M le(V a, V b) const { return hn::Le(a, b); }
   HWY_INLINE M eq(V a, V b) const { return hn::Eq(a, b); }
