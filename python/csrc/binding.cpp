@@ -92,21 +92,22 @@ at::ScalarType acc_type(const at::Tensor& input) {
 namespace {
 
 // Large outputs (a gradient the size of the logits) are written once, right after they are allocated. torch's
-// CPU allocator maps such blocks afresh on every call, and with 4 KiB pages the first write faults every page:
-// for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. Blocks of at least
-// kLargeBlock bytes (glibc's largest mmap threshold, 32 MiB on 64-bit: below it glibc may hand back heap memory
-// a previous call already faulted in) therefore get their own mapping:
-//  - on a 2 MiB boundary, advised as transparent huge pages (madvise(MADV_HUGEPAGE)): one fault per 2 MiB where
-//    the kernel gives huge pages, an ordinary mapping where it does not;
-//  - and the last one freed is kept, still mapped and resident, for the next allocation of the same rounded size
-//    (a training loop asks for the same gradient every step): no fault at all then. At most one block is held;
-//    lossfuse.empty_cache() (the op _empty_cache) unmaps it. Keeping it also matters on virtual machines that
-//    hand free memory back to the host (free page reporting): a fresh huge page there can cost more than the
-//    4 KiB pages it replaces.
-// LOSSFUSE_HUGE_PAGES=0 in the environment sends every block to torch's CPU allocator; LOSSFUSE_KEEP_BLOCK=0
-// keeps the mappings but holds no block between calls. A failed mapping also falls back to torch's allocator.
+// CPU allocator (glibc's malloc) often maps such blocks afresh, and with 4 KiB pages the first write faults every
+// page: for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. So outputs of at
+// least kOwnBlock bytes get their own mapping, and the last one freed is kept, still mapped and resident, for the
+// next allocation of the same rounded size (a training loop asks for the same gradient every step): no fault at
+// all then. At most one block is held; lossfuse.empty_cache() (the op _empty_cache) unmaps it. Blocks of at least
+// kHugeBlock bytes are also placed on a 2 MiB boundary and advised as transparent huge pages
+// (madvise(MADV_HUGEPAGE)): a fresh one costs one fault per 2 MiB where the kernel gives huge pages. (Keeping the
+// block matters on virtual machines that hand free memory back to the host, free page reporting: a fresh huge
+// page there can cost more than the 4 KiB pages it replaces.)
+// LOSSFUSE_KEEP_BLOCK=0 in the environment holds no block between calls (and leaves blocks under kHugeBlock to
+// torch's allocator); LOSSFUSE_HUGE_PAGES=0 gives no huge-page advice. A failed mapping falls back to torch's
+// allocator.
+constexpr std::size_t kPage = std::size_t{4} << 10;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-constexpr std::size_t kLargeBlock = std::size_t{32} << 20;
+constexpr std::size_t kOwnBlock = std::size_t{1} << 20;
+constexpr std::size_t kHugeBlock = std::size_t{32} << 20;
 
 struct Mapping {
   void* base;
@@ -121,10 +122,12 @@ bool env_on(const char* name) {
 class LargeBlockAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
-    if (n < kLargeBlock || !huge_pages_) return c10::GetCPUAllocator()->allocate(n);
-    const std::size_t length = (n + kHugePage - 1) / kHugePage * kHugePage;
+    const bool huge = huge_pages_ && n >= kHugeBlock;
+    if (n < kOwnBlock || !(keep_ || huge)) return c10::GetCPUAllocator()->allocate(n);
+    const std::size_t unit = huge ? kHugePage : kPage;
+    const std::size_t length = (n + unit - 1) / unit * unit;
     Mapping* m = take(length);
-    if (m == nullptr) m = map(length);
+    if (m == nullptr) m = map(length, huge);
     if (m == nullptr) return c10::GetCPUAllocator()->allocate(n);
     return {m->base, m, &release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -143,8 +146,14 @@ class LargeBlockAllocator final : public c10::Allocator {
     kept_ = nullptr;
     return m;
   }
-  static Mapping* map(std::size_t length) {
+  static Mapping* map(std::size_t length, bool huge) {
     auto m = std::make_unique<Mapping>(Mapping{nullptr, length});
+    if (!huge) {
+      void* raw = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw == MAP_FAILED) return nullptr;
+      m->base = raw;
+      return m.release();
+    }
     // Over-map by one huge page, then trim both ends so the block starts on a 2 MiB boundary.
     void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return nullptr;

@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 
 
 def empty_cache():
-    """Unmaps the large output block lossfuse keeps for reuse (the last freed gradient of 32 MiB or more; at most
-    one), as torch.cuda.empty_cache() does for torch's CUDA cache. LOSSFUSE_KEEP_BLOCK=0 keeps none."""
+    """Unmaps the output block lossfuse keeps for reuse (the last freed gradient of 1 MiB or more; at most one), as
+    torch.cuda.empty_cache() does for torch's CUDA cache. LOSSFUSE_KEEP_BLOCK=0 keeps none."""
     _torch.ops.lossfuse._empty_cache()

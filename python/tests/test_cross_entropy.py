@@ -311,10 +311,10 @@ def test_retain_graph_second_backward_is_right():
 
 @pytest.mark.parametrize("env", ["default", "LOSSFUSE_KEEP_BLOCK=0", "LOSSFUSE_HUGE_PAGES=0"])
 def test_large_gradient_block(env):
-    # Gradients of 32 MiB and more get their own mapping on a 2 MiB boundary (unless LOSSFUSE_HUGE_PAGES=0), and
-    # the last one freed is kept for the next of the same size (unless LOSSFUSE_KEEP_BLOCK=0): values, reuse, and
-    # everything torch does with such a tensor (accumulate into .grad, resize, free) must be as for any tensor.
-    # Run in a fresh interpreter, where the environment is read.
+    # Gradients of 1 MiB and more get their own mapping, from 32 MiB on a 2 MiB boundary (unless
+    # LOSSFUSE_HUGE_PAGES=0), and the last one freed is kept for the next of the same size (unless
+    # LOSSFUSE_KEEP_BLOCK=0): values, reuse, and everything torch does with such a tensor (accumulate into .grad,
+    # resize, free) must be as for any tensor. Run in a fresh interpreter, where the environment is read.
     code = """
 import torch, torch.nn.functional as F, lossfuse, lossfuse.nn.functional as LF
 torch.manual_seed(0)
@@ -341,6 +341,15 @@ k.resize_(230, 40000)
 k[220:] = 1.0
 torch.testing.assert_close(k[:220], ref.float() * 220, rtol=1e-5, atol=1e-9)
 assert bool((k[220:] == 1.0).all())
+xs = (torch.randn(64, 5000) * 2).requires_grad_()  # a 1.2 MiB gradient: own mapping, kept, 4 KiB pages
+ts = torch.randint(0, 5000, (64,))
+small = torch.autograd.grad(LF.cross_entropy(xs, ts, reduction='sum'), xs)[0]
+small_ptr = small.data_ptr()
+refs = torch.autograd.grad(F.cross_entropy(xs.double(), ts, reduction='sum'), xs)[0].float()
+del small
+small = torch.autograd.grad(LF.cross_entropy(xs, ts, reduction='sum'), xs)[0]
+torch.testing.assert_close(small, refs, rtol=1e-5, atol=1e-7)
+reused = reused and small.data_ptr() == small_ptr
 print(aligned, reused)
 """
     env_vars = dict(os.environ)
@@ -354,7 +363,7 @@ print(aligned, reused)
     # also hand a freed block back, so reuse is only asserted where lossfuse promises it.
     if env != "LOSSFUSE_HUGE_PAGES=0":
         assert aligned == "True"
-    if env == "default":
+    if env != "LOSSFUSE_KEEP_BLOCK=0":
         assert reused == "True"
 
 
