@@ -148,8 +148,8 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, "
       "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale, "
-      "int chunk_rows, int memory_budget, int vocab_tile, float grad_filter, bool[3] grad_mask) -> (Tensor loss, Tensor lse, Tensor z_loss, "
-      "Tensor grad_input, Tensor grad_linear_weight, Tensor grad_linear_bias)");
+      "int chunk_rows, int memory_budget, int vocab_tile, float grad_filter, bool[3] grad_mask) -> (Tensor loss, "
+      "Tensor lse, Tensor z_loss, Tensor grad_input, Tensor grad_linear_weight, Tensor grad_linear_bias)");
   m.def(
       "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor linear_weight, Tensor target, "
       "Tensor lse, Tensor? linear_bias, Tensor? weight, int reduction, int ignore_index, float label_smoothing, "

@@ -389,7 +389,9 @@ class Runner {
   void run_tile_major(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
     const std::int64_t chunks = (p_.N + R_ - 1) / R_;
     if (!backward) {
-      for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) tiled_forward(r0, std::min(R_, p_.N - r0), loss_rows, lse_rows, z_rows);
+      for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) {
+        tiled_forward(r0, std::min(R_, p_.N - r0), loss_rows, lse_rows, z_rows);
+      }
     }
     dx_chunk_written_.assign(static_cast<std::size_t>(chunks), 0);
     for (std::int64_t t = 0; t < tiles_; ++t) {
