@@ -44,3 +44,68 @@ def sum_to(grad, shape):
     if grad is None or tuple(grad.shape) == tuple(shape):
         return grad
     return grad.sum_to_size(shape)
+
+
+# ---- the eager fast path -------------------------------------------------------------------------------------------
+#
+# Every forward op's autograd is registered with torch.library.register_autograd, which is what torch.compile,
+# FakeTensor and the other tracers need. In plain eager mode that registration costs tens of microseconds per call
+# in Python (the dispatcher calls back into a generated autograd.Function, which re-reads the schema's defaults for
+# setup_context on every call): several times torch's own small losses. So `register_autograd` below also builds a
+# plain torch.autograd.Function from the same setup_context and backward, and `ops.<name>(...)` applies it directly
+# when nothing traces the call; anything else (Dynamo, a dispatch or function mode, a tensor subclass, no gradient
+# needed) goes through the registered op. Both paths run the same kernel and the same backward.
+
+
+def _plain_eager(args):
+    """True when the call may bypass the dispatcher's autograd: grad mode on, some plain tensor requiring grad, no
+    tracer, mode or tensor subclass anywhere."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    wants_grad = False
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor:
+                return False
+            wants_grad = wants_grad or a.requires_grad
+    return wants_grad
+
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+class _Ops:
+    """torch.ops.lossfuse, where the ops registered through register_autograd take the eager fast path."""
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.lossfuse, name)
+
+
+ops = _Ops()
+
+
+def register_autograd(name, backward, setup_context):
+    """torch.library.register_autograd for lossfuse::<name>, plus its eager fast path as ops.<name>."""
+    torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
+    op = getattr(torch.ops.lossfuse, name).default
+
+    def forward(ctx, *args):
+        with _below_autograd():  # straight to the kernel, past the registered autograd
+            output = op(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    # forward(ctx, ...) rather than a separate setup_context: torch binds the defaults of a setup_context-style
+    # Function through inspect.signature on every call. (torch.func transforms, which need that style, take the
+    # registered op: see _plain_eager.)
+    function = type(f"lossfuse_{name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+    def call(*args):
+        return function.apply(*args) if _plain_eager(args) else op(*args)
+
+    call.__name__ = name
+    setattr(ops, name, call)

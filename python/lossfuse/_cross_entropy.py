@@ -3,9 +3,9 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype
+from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 # torch's own functions, captured before patch_torch() can replace them: the double-backward path uses them.
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 _torch_nll_loss = torch.nn.functional.nll_loss
@@ -152,7 +152,7 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     return grad_input, grad_target, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("lossfuse::cross_entropy", _ce_backward, setup_context=_ce_setup)
+register_autograd("cross_entropy", _ce_backward, _ce_setup)
 
 
 def _nll_setup(ctx, inputs, output):
@@ -175,7 +175,7 @@ def _nll_backward(ctx, grad_loss):
     return grad_input, None, None, None, None
 
 
-torch.library.register_autograd("lossfuse::nll_loss", _nll_backward, setup_context=_nll_setup)
+register_autograd("nll_loss", _nll_backward, _nll_setup)
 
 
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------

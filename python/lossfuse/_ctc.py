@@ -5,9 +5,9 @@ import operator
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype
+from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 
 
 # ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------
@@ -59,7 +59,7 @@ def _ctc_backward(ctx, grad_loss, grad_log_alpha):
     return grad, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("lossfuse::ctc_loss", _ctc_backward, setup_context=_ctc_setup)
+register_autograd("ctc_loss", _ctc_backward, _ctc_setup)
 
 
 def _ctc_double_setup(ctx, inputs, output):
@@ -73,7 +73,7 @@ def _ctc_double_backward(ctx, grad):
                        "support double backward either)")
 
 
-torch.library.register_autograd("lossfuse::ctc_loss_backward", _ctc_double_backward, setup_context=_ctc_double_setup)
+register_autograd("ctc_loss_backward", _ctc_double_backward, _ctc_double_setup)
 
 
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------

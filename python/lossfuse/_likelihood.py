@@ -14,9 +14,9 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import new_grad, new_loss, reduction_code
+from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 _REDUCTION_NAMES = ("none", "mean", "sum")
 
@@ -135,7 +135,7 @@ def _register_autograd(name, n_operands, n_tensors, formula):
             grads = [g if w else None for g, w in zip(computed, wanted)]
         return (*grads, *[None] * (n_tensors - n_operands + len(ctx.args)))
 
-    torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
+    register_autograd(name, backward, setup_context)
 
 
 _register_autograd("binary_cross_entropy", 2, 3, _bce_formula)

@@ -5,9 +5,9 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, reduction_code
+from ._common import acc_dtype, new_grad, reduction_code, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 
 DEFAULT_MEMORY_BUDGET = 32 << 20  # bytes of float32 logits per chunk
@@ -89,7 +89,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
     return (out[0], out[1], None, out[2]) + (None,) * 12
 
 
-torch.library.register_autograd("lossfuse::linear_cross_entropy", _lce_backward, setup_context=_lce_setup)
+register_autograd("linear_cross_entropy", _lce_backward, _lce_setup)
 
 
 def _reference_loss(logits, target, weight, args):

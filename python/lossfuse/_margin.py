@@ -19,9 +19,9 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import new_grad, new_loss, reduction_code
+from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 _KERNEL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -182,7 +182,7 @@ def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
             grads[0] = backward_op(grad_output, *tensors, *ctx.args)
         return (*grads, *[None] * (n_tensors - n_differentiable + len(ctx.args)))
 
-    torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
+    register_autograd(name, backward, setup_context)
 
 
 _register_autograd("triplet_margin_loss", 3, 3, _triplet_formula, masked=True)

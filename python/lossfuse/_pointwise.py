@@ -14,9 +14,9 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import new_grad, new_loss, reduction_code
+from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
 
-_ops = torch.ops.lossfuse
+_ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 
@@ -216,7 +216,7 @@ def _register_autograd(name, n_operands, formula, weighted=False, mean_by_weight
                                              mean_by_weight_sum)
         return (*grads, *none_for_args)
 
-    torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
+    register_autograd(name, backward, setup_context)
 
 
 _register_autograd("mse_loss", 2, _mse_formula, weighted=True, mean_by_weight_sum=True)

@@ -96,3 +96,64 @@ def test_error_inputs_raise_like_torch(op):
         s = err.sample_input
         with pytest.raises(err.error_type):
             ours_fn(s.input, *s.args, **s.kwargs)
+
+
+class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that changes nothing: while it is active lossfuse takes its registered ops (the tracers'
+    path) instead of the eager fast path."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _lossfuse_nodes(t):
+    """The names of the lossfuse autograd nodes in t's graph."""
+    seen, todo, names = set(), [t.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "lossfuse" in type(node).__name__:
+            names.append(type(node).__name__)
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_eager_fast_path_equals_registered_op(op):
+    """Plain eager calls apply an autograd.Function directly; under a dispatch mode the same call goes through the
+    registered op and its torch.library autograd. Both must give bitwise the same loss and gradients."""
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    compared = 0
+    for sample in op.sample_inputs("cpu", torch.float32, requires_grad=True):
+        results = []
+        for mode in (None, _PassThrough()):
+            x, args, kwargs = _clone(sample)
+            leaves = [t for t in [x, *args, *kwargs.values()] if torch.is_tensor(t) and t.requires_grad]
+            try:
+                if mode is None:
+                    out = ours_fn(x, *args, **kwargs)
+                else:
+                    with mode:
+                        out = ours_fn(x, *args, **kwargs)
+            except (RuntimeError, ValueError, IndexError) as e:
+                results.append(type(e))
+                continue
+            nodes = _lossfuse_nodes(out) if out.requires_grad else []
+            grads = torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True) if nodes else ()
+            results.append((out.detach(), grads, nodes))
+        eager, traced = results
+        if isinstance(eager, type) or isinstance(traced, type):
+            assert eager == traced, f"{sample}: {eager} vs {traced}"
+            continue
+        assert torch.equal(eager[0].nan_to_num(7.0), traced[0].nan_to_num(7.0)), sample
+        for a, b in zip(eager[1], traced[1]):
+            assert (a is None) == (b is None), sample
+            if a is not None:
+                assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), sample
+        if eager[2]:
+            assert all(n.startswith("lossfuse_") for n in eager[2]), eager[2]
+            assert all(n.startswith("GeneratedBackwardFor_lossfuse") for n in traced[2]), traced[2]
+            compared += 1
+    assert compared > 0, "no sample with a gradient"
