@@ -25,28 +25,9 @@ void run(bool backward, const TensorView& x1, const TensorView& x2, const Tensor
   core::check_margin_option(o.margin, "margin");
   const DType acc = accumulate_dtype(x1.dtype);
   const int row_ndim = x1.ndim - 1;
-  std::vector<core::NamedView> written, read = {{"x1", &x1}, {"x2", &x2}, {"target", &target}};
-  if (loss != nullptr) {
-    core::check_margin_loss(*loss, acc, o.reduction, x1.shape.data(), row_ndim);
-    written.push_back({"loss", loss});
-  }
-  if (backward) {
-    core::check_margin_grad_loss(grad_loss, acc, o.reduction, x1.shape.data(), row_ndim);
-    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
-    if (g1) {
-      core::check_view(*g1, "grad_x1");
-      core::check_dtype(*g1, "grad_x1", x1.dtype);
-      core::check_shape(*g1, "grad_x1", x1.shape.data(), x1.ndim);
-      written.push_back({"grad_x1", &*g1});
-    }
-    if (g2) {
-      core::check_view(*g2, "grad_x2");
-      core::check_dtype(*g2, "grad_x2", x1.dtype);
-      core::check_shape(*g2, "grad_x2", x1.shape.data(), x1.ndim);
-      written.push_back({"grad_x2", &*g2});
-    }
-  }
-  core::check_disjoint(written, read);
+  core::check_margin_outputs(backward, acc, o.reduction, x1.shape.data(), row_ndim, loss, grad_loss,
+                             {{"grad_x1", core::ptr(g1)}, {"grad_x2", core::ptr(g2)}}, x1,
+                             {{"x1", &x1}, {"x2", &x2}, {"target", &target}});
 
   core::MarginParams p;
   p.backward = backward;

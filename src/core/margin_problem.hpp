@@ -6,8 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
-
-#include "core/row_index.hpp"
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +14,7 @@
 
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
+#include "core/row_index.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
@@ -82,6 +82,41 @@ inline void check_margin_grad_loss(const std::optional<TensorView>& grad_loss, D
   check_view(*grad_loss, "grad_loss");
   check_dtype(*grad_loss, "grad_loss", acc);
   check_reduced_shape(*grad_loss, "grad_loss", r, row_shape, row_ndim);
+}
+
+// The view an optional holds, or nullptr.
+inline const TensorView* ptr(const std::optional<TensorView>& v) { return v ? &*v : nullptr; }
+
+// A gradient a margin loss may write (nullptr: not asked for).
+struct MarginGrad {
+  std::string_view name;
+  const TensorView* view;
+};
+
+// Every output of a margin loss entry, then the overlap of all it writes with all it reads: the loss (forward; Acc,
+// the rows' reduced shape), the upstream gradient grad_loss (backward; read), and the gradients (backward; each
+// with the dtype and shape of `like`). `read` holds the inputs.
+inline void check_margin_outputs(bool backward, DType acc, Reduction r, const std::int64_t* row_shape, int row_ndim,
+                                 const TensorView* loss, const std::optional<TensorView>& grad_loss,
+                                 std::initializer_list<MarginGrad> grads, const TensorView& like,
+                                 std::vector<NamedView> read) {
+  std::vector<NamedView> written;
+  if (loss != nullptr) {
+    check_margin_loss(*loss, acc, r, row_shape, row_ndim);
+    written.push_back({"loss", loss});
+  }
+  if (backward) {
+    check_margin_grad_loss(grad_loss, acc, r, row_shape, row_ndim);
+    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+    for (const MarginGrad& g : grads) {
+      if (g.view == nullptr) continue;
+      check_view(*g.view, g.name);
+      check_dtype(*g.view, g.name, like.dtype);
+      check_shape(*g.view, g.name, like.shape.data(), like.ndim);
+      written.push_back({g.name, g.view});
+    }
+  }
+  check_disjoint(written, read);
 }
 
 // A floating input with the dtype and shape of `ref` (named ref_name in the message).

@@ -1,5 +1,7 @@
 // multi_margin entries: checks (every one before any write, targets scanned first), plain params, the CPU
 // kernel, the reduction.
+#include <utility>
+
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
 #include "cpu/margin_kernels.hpp"
@@ -14,22 +16,11 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   const std::int64_t C = input.shape[input.ndim - 1];
   const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
   const DType acc = accumulate_dtype(input.dtype);
-  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
+  std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
   // the loss rows have the target's shape: (N), () or (1)
-  if (loss != nullptr) {
-    core::check_margin_loss(*loss, acc, o.reduction, target.shape.data(), target.ndim);
-    written.push_back({"loss", loss});
-  }
-  if (backward) {
-    core::check_margin_grad_loss(grad_loss, acc, o.reduction, target.shape.data(), target.ndim);
-    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
-    if (grad != nullptr) {
-      core::check_grad_output(*grad, "grad_input", input, "input", false);
-      written.push_back({"grad_input", grad});
-    }
-  }
-  core::check_disjoint(written, read);
+  core::check_margin_outputs(backward, acc, o.reduction, target.shape.data(), target.ndim, loss, grad_loss,
+                             {{"grad_input", grad}}, input, std::move(read));
 
   core::MarginParams p;
   p.backward = backward;

@@ -27,20 +27,8 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   core::check_shape(target, "target", input.shape.data(), input.ndim);
   const DType acc = accumulate_dtype(input.dtype);
   const int row_ndim = input.ndim - 1;
-  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
-  if (loss != nullptr) {
-    core::check_margin_loss(*loss, acc, o.reduction, input.shape.data(), row_ndim);
-    written.push_back({"loss", loss});
-  }
-  if (backward) {
-    core::check_margin_grad_loss(grad_loss, acc, o.reduction, input.shape.data(), row_ndim);
-    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
-    if (grad != nullptr) {
-      core::check_grad_output(*grad, "grad_input", input, "input", false);
-      written.push_back({"grad_input", grad});
-    }
-  }
-  core::check_disjoint(written, read);
+  core::check_margin_outputs(backward, acc, o.reduction, input.shape.data(), row_ndim, loss, grad_loss,
+                             {{"grad_input", grad}}, input, {{"input", &input}, {"target", &target}});
 
   core::MarginParams p;
   p.backward = backward;

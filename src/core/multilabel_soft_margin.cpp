@@ -1,5 +1,7 @@
 // multilabel_soft_margin entries: checks (every one before any write), plain params, the CPU kernel, the
 // reduction.
+#include <utility>
+
 #include "core/margin_problem.hpp"
 #include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
@@ -15,29 +17,10 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
   const DType acc = accumulate_dtype(input.dtype);
   const int row_ndim = input.ndim - 1;
-  std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
+  std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
-  if (loss != nullptr) {
-    core::check_margin_loss(*loss, acc, o.reduction, input.shape.data(), row_ndim);
-    written.push_back({"loss", loss});
-  }
-  if (backward) {
-    core::check_margin_grad_loss(grad_loss, acc, o.reduction, input.shape.data(), row_ndim);
-    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
-    if (gx) {
-      core::check_view(*gx, "grad_input");
-      core::check_dtype(*gx, "grad_input", input.dtype);
-      core::check_shape(*gx, "grad_input", input.shape.data(), input.ndim);
-      written.push_back({"grad_input", &*gx});
-    }
-    if (gt) {
-      core::check_view(*gt, "grad_target");
-      core::check_dtype(*gt, "grad_target", input.dtype);
-      core::check_shape(*gt, "grad_target", input.shape.data(), input.ndim);
-      written.push_back({"grad_target", &*gt});
-    }
-  }
-  core::check_disjoint(written, read);
+  core::check_margin_outputs(backward, acc, o.reduction, input.shape.data(), row_ndim, loss, grad_loss,
+                             {{"grad_input", core::ptr(gx)}, {"grad_target", core::ptr(gt)}}, input, std::move(read));
 
   core::MarginParams p;
   p.backward = backward;

@@ -24,24 +24,11 @@ void run(bool backward, const TensorView& a, const TensorView& pos, const Tensor
   core::check_margin_option(o.eps, "eps");
   const DType acc = accumulate_dtype(a.dtype);
   const int row_ndim = a.ndim - 1;
-  std::vector<core::NamedView> written, read = {{"anchor", &a}, {"positive", &pos}, {"negative", &neg}};
-  if (loss != nullptr) {
-    core::check_margin_loss(*loss, acc, o.reduction, a.shape.data(), row_ndim);
-    written.push_back({"loss", loss});
-  }
-  static constexpr std::string_view kGradNames[3] = {"grad_anchor", "grad_positive", "grad_negative"};
-  if (backward) {
-    core::check_margin_grad_loss(grad_loss, acc, o.reduction, a.shape.data(), row_ndim);
-    if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
-    for (int i = 0; i < 3; ++i) {
-      if (!grads[i]) continue;
-      core::check_view(*grads[i], kGradNames[i]);
-      core::check_dtype(*grads[i], kGradNames[i], a.dtype);
-      core::check_shape(*grads[i], kGradNames[i], a.shape.data(), a.ndim);
-      written.push_back({kGradNames[i], &*grads[i]});
-    }
-  }
-  core::check_disjoint(written, read);
+  core::check_margin_outputs(backward, acc, o.reduction, a.shape.data(), row_ndim, loss, grad_loss,
+                             {{"grad_anchor", core::ptr(grads[0])},
+                              {"grad_positive", core::ptr(grads[1])},
+                              {"grad_negative", core::ptr(grads[2])}},
+                             a, {{"anchor", &a}, {"positive", &pos}, {"negative", &neg}});
 
   core::MarginParams p;
   p.backward = backward;
