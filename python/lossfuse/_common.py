@@ -57,18 +57,22 @@ def sum_to(grad, shape):
 # needed) goes through the registered op. Both paths run the same kernel and the same backward.
 
 
+# Tensor types the fast path takes: plain tensors and parameters (a subclass that overrides nothing).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _plain_eager(args):
     """True when the call may bypass the dispatcher's autograd: grad mode on, some plain tensor requiring grad, no
-    tracer, mode or tensor subclass anywhere."""
+    tracer (Dynamo, torch.jit.trace, functorch), mode or other tensor subclass anywhere."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
     if (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active()):
+            or torch._C._are_functorch_transforms_active() or torch._C._get_tracing_state() is not None):
         return False
     wants_grad = False
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor:
+            if type(a) not in _PLAIN:
                 return False
             wants_grad = wants_grad or a.requires_grad
     return wants_grad

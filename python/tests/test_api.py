@@ -106,3 +106,41 @@ def _openmp_runtimes():
 def test_one_openmp_runtime():
     LF.cross_entropy(torch.randn(64, 1000), torch.randint(0, 1000, (64,)))
     assert len(_openmp_runtimes()) <= 1, _openmp_runtimes()
+
+
+def _lossfuse_node(t):
+    """The name of the first lossfuse autograd node in t's graph."""
+    todo = [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None:
+            if "lossfuse" in type(node).__name__:
+                return type(node).__name__
+            todo.extend(n for n, _ in node.next_functions)
+    return None
+
+
+def test_eager_fast_path_takes_parameters_and_leaves_tracers_to_the_op():
+    """Plain eager calls (parameters included) run lossfuse's own autograd.Function; a tensor subclass or an active
+    mode gets the registered op, whose autograd is torch.library's."""
+    lin = torch.nn.Linear(8, 5)
+    x = torch.randn(6, 8, requires_grad=True)
+    t = torch.randint(0, 5, (6,))
+    loss = LF.linear_cross_entropy(x, lin.weight, t, linear_bias=lin.bias)
+    assert _lossfuse_node(loss).startswith("lossfuse_"), _lossfuse_node(loss)
+    loss.backward()
+    assert lin.weight.grad is not None and x.grad is not None
+
+    class Sub(torch.Tensor):
+        pass
+
+    xs = torch.randn(4, 5).as_subclass(Sub).requires_grad_()
+    loss = LF.cross_entropy(xs, torch.tensor([0, 1, 2, 3]))
+    assert _lossfuse_node(loss).startswith("GeneratedBackwardFor_lossfuse"), _lossfuse_node(loss)
+    class PassThrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with PassThrough():
+        loss = LF.mse_loss(x, torch.randn(6, 8))
+    assert _lossfuse_node(loss).startswith("GeneratedBackwardFor_lossfuse"), _lossfuse_node(loss)
