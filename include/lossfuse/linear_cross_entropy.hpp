@@ -15,8 +15,8 @@
 //  2. forward without grads, then linear_cross_entropy_backward from the saved per-row log-sum-exp, which
 //     recomputes each chunk's logits: any upstream gradient (reduction 'none' included, per row), any number of
 //     times (retain_graph, activation checkpointing).
-// The chunk has max(1, min(N, chunk_rows or memory_budget / (Vt * 4 bytes))) rows (8 bytes for float64 inputs),
-// Vt the vocabulary tile width below (V when untiled).
+// The chunk has linear_cross_entropy_chunk_rows(N, Vt, acc bytes, options) rows (below), Vt the vocabulary tile
+// width (V when untiled).
 //
 // Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
 // tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's
@@ -58,7 +58,7 @@ namespace lossfuse {
 struct LinearCrossEntropyOptions {
   CrossEntropyOptions ce;                          // index targets only (no soft targets)
   std::int64_t chunk_rows = 0;                     // 0: from memory_budget
-  std::int64_t memory_budget = std::int64_t{32} << 20;  // bytes for one chunk of float32 logits (and its gradient)
+  std::int64_t memory_budget = 0;  // bytes for one chunk of float32 logits (and its gradient); 0: auto (below)
   std::int64_t vocab_tile = 0;                     // 0: whole vocabulary rows; > 0: tile width in classes
   double grad_filter = 0.0;                        // 0: off; in (0, 1]: threshold (tiled only; see above)
 };
@@ -68,6 +68,16 @@ struct LinearCrossEntropyGrads {
   std::optional<TensorView> w;  // (V, H), W's dtype or float32 (then written without a second rounding)
   std::optional<TensorView> b;  // (V), b's dtype or float32
 };
+
+// Rows per chunk: chunk_rows when > 0; else memory_budget / (Vt * acc_bytes) when memory_budget > 0 (a strict
+// budget); else (auto) the larger of kLinearCeBaseBudget / (Vt * acc_bytes) and min(256, ceil(N / 16)). Each chunk
+// adds its products into the whole V x H weight gradient (a read-modify-write of V x H) with an inner dimension of
+// its row count, so at large V a 32 MiB chunk (65 rows at V = 128256) spends more on that traffic and on thin GEMMs
+// than on the work: auto gives a chunk at least 256 rows while that stays within 1/16 of the N x Vt logits (at most
+// 16 chunks). Always clamped to [1, N] (1 when N = 0). acc_bytes: 4, 8 for float64 inputs.
+inline constexpr std::int64_t kLinearCeBaseBudget = std::int64_t{32} << 20;
+std::int64_t linear_cross_entropy_chunk_rows(std::int64_t N, std::int64_t Vt, std::int64_t acc_bytes,
+                                             const LinearCrossEntropyOptions& options);
 
 // outputs: loss (the row shape (N) for 'none', else one element), optional lse (N) and z_loss, as
 // cross_entropy_forward. grads: optional; when any is given they are computed in the same pass (way 1) for an

@@ -10,7 +10,7 @@ from ._common import acc_dtype, new_grad, reduction_code, ops, register_autograd
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 
-DEFAULT_MEMORY_BUDGET = 32 << 20  # bytes of float32 logits per chunk
+DEFAULT_MEMORY_BUDGET = 0  # auto: 32 MiB of float32 logits per chunk, at least 256 rows within 1/16 of the logits
 # vocab_tile=None: tiles of this many classes when the weight's gradient is 16-bit (the backward then runs tile by
 # tile, with no V x H float32 accumulator), whole vocabulary rows otherwise.
 AUTO_VOCAB_TILE_16BIT = 1024
@@ -119,8 +119,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
 
     input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
-    The logits are made chunk by chunk (chunk_rows rows, or as many as fit memory_budget bytes of float32) and
-    reduced at once. strategy:
+    The logits are made chunk by chunk (chunk_rows rows, or as many as fit memory_budget bytes of float32; the
+    default 0 means 32 MiB, raised to 256 rows where that stays within 1/16 of the logits, as at large V thin chunks
+    cost more than their work) and reduced at once. strategy:
       'chunked'   gradients of input, linear_weight and linear_bias are computed during the forward pass and
                   kept until backward (reduction 'mean' or 'sum'; the fastest: one pass);
       'recompute' the forward keeps only the per-row log-sum-exp and backward recomputes the logits (any

@@ -88,8 +88,9 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
   core::check_shape(target, "target", rows, 1);
   core::check_reduction(o.ce.reduction);
   if (o.chunk_rows < 0) throw Error(ErrorCode::invalid_value, "chunk_rows", "0 (auto) or > 0", std::to_string(o.chunk_rows));
-  if (o.memory_budget <= 0) {
-    throw Error(ErrorCode::invalid_value, "memory_budget", "a byte count > 0", std::to_string(o.memory_budget));
+  if (o.memory_budget < 0) {
+    throw Error(ErrorCode::invalid_value, "memory_budget", "0 (auto) or a byte count > 0",
+                std::to_string(o.memory_budget));
   }
   if (o.vocab_tile < 0) {
     throw Error(ErrorCode::invalid_value, "vocab_tile", "0 (whole rows) or a tile width > 0",
@@ -140,13 +141,7 @@ void check_grads(const LinearCrossEntropyGrads& g, const Problem& p, const Tenso
 }
 
 std::int64_t chunk_rows(const LinearCrossEntropyOptions& o, const Problem& p) {
-  if (p.N == 0) return 1;
-  std::int64_t r = o.chunk_rows;
-  if (r == 0) {
-    const std::int64_t row_bytes = p.Vt * static_cast<std::int64_t>(dtype_size(p.pb.acc));
-    r = o.memory_budget / row_bytes;
-  }
-  return std::clamp<std::int64_t>(r, 1, p.N);
+  return linear_cross_entropy_chunk_rows(p.N, p.Vt, static_cast<std::int64_t>(dtype_size(p.pb.acc)), o);
 }
 
 template <class T>
@@ -695,6 +690,22 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
 }
 
 }  // namespace
+
+std::int64_t linear_cross_entropy_chunk_rows(std::int64_t N, std::int64_t Vt, std::int64_t acc_bytes,
+                                             const LinearCrossEntropyOptions& o) {
+  if (N <= 0) return 1;
+  std::int64_t r = o.chunk_rows;
+  if (r <= 0) {
+    const std::int64_t row_bytes = std::max<std::int64_t>(1, Vt) * std::max<std::int64_t>(1, acc_bytes);
+    if (o.memory_budget > 0) {
+      r = o.memory_budget / row_bytes;
+    } else {
+      constexpr std::int64_t kMinRows = 256, kMaxChunks = 16;
+      r = std::max(kLinearCeBaseBudget / row_bytes, std::min(kMinRows, (N + kMaxChunks - 1) / kMaxChunks));
+    }
+  }
+  return std::clamp<std::int64_t>(r, 1, N);
+}
 
 void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
                                   const TensorView& target, const LinearCrossEntropyOptions& options,

@@ -534,6 +534,8 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
       {"class weight shape", [](Data&, auto&, auto& o) { static Tensor t = Tensor::make(DType::f32, {3}); o.ce.weight = t.view; },
        ErrorCode::shape_mismatch, "weight"},
       {"vocab_tile < 0", [](Data&, auto&, auto& o) { o.vocab_tile = -1; }, ErrorCode::invalid_value, "vocab_tile"},
+      {"memory_budget < 0", [](Data&, auto&, auto& o) { o.memory_budget = -1; }, ErrorCode::invalid_value,
+       "memory_budget"},
       {"grad_filter < 0", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.grad_filter = -0.1; },
        ErrorCode::invalid_value, "grad_filter"},
       {"grad_filter NaN", [](Data&, auto&, auto& o) { o.vocab_tile = 4, o.grad_filter = std::nan(""); },
@@ -636,6 +638,36 @@ TEST(LinearCeHook, HookRunsEveryProductOrDeclines) {
                                                       CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt}),
                Error);
   lossfuse::set_gemm_hook(nullptr);
+}
+
+// The documented rule, by hand: chunk_rows wins; a positive budget is strict; auto (budget 0) takes 32 MiB of
+// logits, raised to min(256, ceil(N / 16)) rows.
+TEST(LinearCeChunks, RowsFollowTheDocumentedRule) {
+  using lossfuse::linear_cross_entropy_chunk_rows;
+  LinearCrossEntropyOptions o;
+  ASSERT_EQ(o.memory_budget, 0);  // auto by default
+  // (4096, V = 32000): 32 MiB / 128000 B = 262 rows, above 256
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 32000, 4, o), 262);
+  // (4096, V = 128256): 32 MiB gives 65 rows; raised to 256 (16 chunks)
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 128256, 4, o), 256);
+  // (2048, V = 256000): 32 rows from the budget; ceil(2048 / 16) = 128
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(2048, 256000, 4, o), 128);
+  // float64 rows are twice the bytes: (100000, V = 128256): 32 rows from the budget, 256 from the floor
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 128256, 8, o), 256);
+  // few rows: the floor is ceil(20 / 16) = 2 rows; the budget's 8 rows win at V = 10^6, and all 20 fit at V = 10
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(20, 1000000, 4, o), 8);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(20, 10, 4, o), 20);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(0, 10, 4, o), 1);
+  // a positive budget is strict, even below the floor: 1 MiB / (128256 * 4 B) = 2 rows
+  o.memory_budget = std::int64_t{1} << 20;
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 128256, 4, o), 2);
+  o.memory_budget = 1;
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 128256, 4, o), 1);
+  // chunk_rows wins over both, clamped to N
+  o.chunk_rows = 7;
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 128256, 4, o), 7);
+  o.chunk_rows = 9999;
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(4096, 128256, 4, o), 4096);
 }
 
 }  // namespace
