@@ -144,7 +144,8 @@ def parse_args(argv):
     p.add_argument("--chunk-rows", type=int, default=0, metavar="N",
                    help="lossfuse's chunk_rows (default 0: from --memory-budget)")
     p.add_argument("--memory-budget", type=float, metavar="MB",
-                   help="lossfuse's memory_budget in MB of float32 logits per chunk (default: lossfuse's, 32)")
+                   help="lossfuse's memory_budget in MB of float32 logits per chunk (default: lossfuse's auto, 32 "
+                   "raised to min(256, BT/16) rows)")
     p.add_argument("--vocab-tile", type=int, default=None, metavar="N",
                    help="lossfuse's vocab_tile (default: lossfuse's, 1024 for 16-bit weights, else 0: whole rows)")
     p.add_argument("--no-bias", action="store_true", help="no linear bias (default: a bias that requires grad)")
