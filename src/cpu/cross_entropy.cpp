@@ -484,6 +484,14 @@ void FastExpArray(const float* x, float* y, std::int64_t n) {
   ApplyArray(x, y, n, [](auto d, auto v) { return FastExp(d, v); });
 }
 
+void FastLog1pSmallArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return FastLog1pSmall(d, v); });
+}
+
+void ExpAnyArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return ExpAny(d, v); });
+}
+
 }  // namespace lossfuse::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -495,12 +503,18 @@ namespace lossfuse::cpu {
 
 HWY_EXPORT(CrossEntropyBlocks);
 HWY_EXPORT(FastExpArray);
+HWY_EXPORT(ExpAnyArray);
 HWY_EXPORT(FastLogArray);
 HWY_EXPORT(FastLog1pArray);
+HWY_EXPORT(FastLog1pSmallArray);
 
 void fast_exp(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
+void exp_any(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ExpAnyArray)(x, y, n); }
 void fast_log(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLogArray)(x, y, n); }
 void fast_log1p(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pArray)(x, y, n); }
+void fast_log1p_small(const float* x, float* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(FastLog1pSmallArray)(x, y, n);
+}
 
 void cross_entropy_rows(const core::CeParams& p) {
   const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;

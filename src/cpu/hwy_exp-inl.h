@@ -14,6 +14,8 @@
 #define LOSSFUSE_CPU_HWY_EXP_INL_H_
 #endif
 
+#include <limits>
+
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -50,14 +52,116 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   }
 }
 
+// AVX-512 targets (16 float lanes, with vgetmant / vgetexp / vpermps / vscalef): log by a 16-entry table, and
+// an exp valid over every float.
+// u = 2^e m with m in [0.75, 1.5) (getmant / getexp, subnormals included); the top 4 fraction bits of m pick c
+// (1 for the two intervals next to 1, else a float near the interval's midpoint chosen so that log c is within
+// 1e-4 ulp of a float); r = m / c - 1 = m invc - 1 in one FMA, |r| <= 1/16; log u = e ln2 + log c + log1p(r),
+// log1p(r) = r + r^2 Q(r) with Q of degree 3 fitted for least relative error on [-1/32, 1/16] (< 0.1 ulp).
+#undef LOSSFUSE_HWY_LOG_TABLE
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define LOSSFUSE_HWY_LOG_TABLE 1
+namespace avx3 {
+alignas(64) constexpr float kInvC[16] = {1.0f,        0.914476097f, 0.864982545f, 0.820661068f,
+                                         0.780449152f, 0.744424522f, 0.711086273f, 0.681020498f,
+                                         1.30651367f,  1.25516284f,  1.20758951f,  1.16362619f,
+                                         1.12307632f,  1.08437932f,  1.04952693f,  1.0f};
+alignas(64) constexpr float kLogC[16] = {0.0f,          0.0894039497f,  0.145045951f,   0.197645083f,
+                                         0.247885689f,  0.295143813f,   0.340961516f,   0.384162873f,
+                                         -0.267362267f, -0.227265313f,  -0.18862623f,   -0.151541159f,
+                                         -0.116071634f, -0.0810077637f, -0.0483395196f, 0.0f};
+struct Reduced {
+  __m512 m, e, invc, logc;
+};
+HWY_INLINE Reduced Reduce(__m512 u) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  Reduced q;
+  q.m = _mm512_getmant_ps(u, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_zero);
+  // getexp gives floor(log2 u); m < 1 means getmant halved the [1, 2) mantissa: one more in the exponent
+  const __m512 e = _mm512_getexp_ps(u);
+  q.e = _mm512_mask_add_ps(e, _mm512_cmp_ps_mask(q.m, one, _CMP_LT_OQ), e, one);
+  const __m512i idx = _mm512_srli_epi32(_mm512_castps_si512(q.m), 19);  // vpermps reads the low 4 bits
+  q.invc = _mm512_permutexvar_ps(idx, _mm512_load_ps(kInvC));
+  q.logc = _mm512_permutexvar_ps(idx, _mm512_load_ps(kLogC));
+  return q;
+}
+// e ln2 + log c + log1p(r); ln2 in two parts (e ln2_hi is exact)
+HWY_INLINE __m512 Finish(const Reduced& q, __m512 r) {
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.188245118f), r, _mm512_set1_ps(-0.250063688f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.333345205f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(-0.5f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r);
+  const __m512 lo = _mm512_fmadd_ps(q.e, _mm512_set1_ps(-2.12194440e-4f), p);
+  const __m512 hi = _mm512_fmadd_ps(q.e, _mm512_set1_ps(0.693359375f), q.logc);
+  return _mm512_add_ps(hi, lo);
+}
+// e^x for every float x: as FastExp below (same reduction and polynomial) but the 2^n is applied by vscalef,
+// which rounds subnormal results correctly and overflows to +inf on its own. NaN gives NaN, -inf gives 0.
+// kNonPositive: the caller passes x <= 0 or -inf and does not need NaN kept (3 operations fewer).
+template <bool kNonPositive = false>
+HWY_INLINE __m512 ExpAll(__m512 x) {
+  // -104 and 89 bound every finite result (e^-104 rounds to 0, e^89 overflows); NaN is put back at the end
+  const __m512 xl = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 xc = kNonPositive ? xl : _mm512_min_ps(xl, _mm512_set1_ps(89.0f));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.381461275741458e-3f), r, _mm512_set1_ps(8.368710055947304e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166838899254799e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666652113199234e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999403953552e-1f));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e_r = _mm512_fmadd_ps(_mm512_fmadd_ps(p, r, one), r, one);
+  const __m512 y = _mm512_scalef_ps(e_r, n);
+  if constexpr (kNonPositive) return y;
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+}  // namespace avx3
+#else
+#define LOSSFUSE_HWY_LOG_TABLE 0
+#endif
+
+// e^x for x <= 0 or -inf (NaN gives an unspecified value): float32 on AVX-512 avx3::ExpAll (results down to the
+// subnormals), else hwy::Exp (<= 1 ulp; it gives 0 below about -87.3).
+template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
+HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
+#if LOSSFUSE_HWY_LOG_TABLE
+  if constexpr (sizeof(hn::TFromD<D>) == 4 && hn::MaxLanes(D()) == 16) return hn::Vec<D>{avx3::ExpAll<true>(x.raw)};
+#endif
+  return hn::Exp(d, hn::Max(x, hn::Set(d, hwy::LowestValue<hn::TFromD<D>>())));
+}
+
+// e^x for every x as the C library gives it: NaN stays NaN, +inf and overflow give +inf, -inf gives 0. float32 on
+// AVX-512: avx3::ExpAll (<= 2 ulp, subnormal results included); else hwy::Exp inside its valid range.
+template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
+HWY_INLINE hn::Vec<D> ExpAny(D d, hn::Vec<D> a) {
+  using T = hn::TFromD<D>;
+#if LOSSFUSE_HWY_LOG_TABLE
+  if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return hn::Vec<D>{avx3::ExpAll(a.raw)};
+#endif
+  // hi: the least value whose exp rounds to +inf (the one below it, lo, is the largest argument passed on)
+  const T hi = sizeof(T) == 4 ? T(88.7228394f) : T(709.782712893384);
+  const T lo = sizeof(T) == 4 ? T(88.7228317f) : T(709.7827128933838);
+  const auto inf = hn::Set(d, std::numeric_limits<T>::infinity());
+  const auto r = hn::Exp(d, hn::Min(hn::Max(a, hn::Set(d, hwy::LowestValue<T>())), hn::Set(d, lo)));
+  return hn::IfThenElse(hn::IsNaN(a), a, hn::IfThenElse(hn::Ge(a, hn::Set(d, hi)), inf, r));
+}
+
 // log for x > 0 and finite (subnormals included; the callers map 0, negatives, inf and NaN themselves).
-// float32: x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1, log(1 + f) = f - f^2/2 + f^3 P(f) with the
+// float32 on AVX-512: the table above. Elsewhere: x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1, log(1 + f) = f - f^2/2 + f^3 P(f) with the
 // degree-8 polynomial of Cephes' logf, e ln2 added in two parts. No division. Max error: 2 ulp (swept by
 // tests/cpu/exp_test.cpp). float64: hwy::Log.
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastLogPositive(D d, hn::Vec<D> x) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
     return hn::Log(d, x);
+#if LOSSFUSE_HWY_LOG_TABLE
+  } else if constexpr (hn::MaxLanes(D()) == 16) {
+    (void)d;
+    const avx3::Reduced q = avx3::Reduce(x.raw);
+    return hn::Vec<D>{avx3::Finish(q, _mm512_fmsub_ps(q.m, q.invc, _mm512_set1_ps(1.0f)))};
+#endif
   } else {
     const hn::RebindToSigned<D> di;
     const auto sub = hn::Lt(x, hn::Set(d, 1.17549435e-38f));
@@ -90,6 +194,20 @@ template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastLog1pPositive(D d, hn::Vec<D> a) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
     return hn::Log1p(d, a);
+#if LOSSFUSE_HWY_LOG_TABLE
+  } else if constexpr (hn::MaxLanes(D()) == 16) {
+    // u = 1 + a rounded, and what the rounding dropped, delta = (1 + a) - u exactly (Knuth's two-sum); then
+    // r = (u + delta) 2^-e invc - 1 = (m invc - 1) + delta (invc 2^-e), so log1p(a) keeps every bit of a.
+    (void)d;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 u = _mm512_add_ps(a.raw, one);
+    const __m512 bb = _mm512_sub_ps(u, a.raw);
+    const __m512 delta = _mm512_add_ps(_mm512_sub_ps(a.raw, _mm512_sub_ps(u, bb)), _mm512_sub_ps(one, bb));
+    const avx3::Reduced q = avx3::Reduce(u);
+    const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
+    const __m512 r = _mm512_fmadd_ps(delta, sc, _mm512_fmsub_ps(q.m, q.invc, one));
+    return hn::Vec<D>{avx3::Finish(q, r)};
+#endif
   } else {
     const auto one = hn::Set(d, 1.0f);
     const auto u = hn::Add(a, one);
@@ -100,6 +218,23 @@ HWY_INLINE hn::Vec<D> FastLog1pPositive(D d, hn::Vec<D> a) {
     const auto corr = hn::Mul(hn::Sub(a, hn::Sub(u, one)), r1);
     return hn::Add(FastLogPositive(d, u), corr);
   }
+}
+
+// log1p for a in [-1 + 2^-24, 1]: FastLog1pPositive, but on AVX-512 the rounding of 1 + a needs no two-sum there:
+// with 1 + a = 2^e m (rounded, for the table entry and e), r = (1 + a) 2^-e invc - 1 = (sc - 1) + a sc for
+// sc = invc 2^-e, where sc - 1 is exact (sc in [1/2, 2^24): Sterbenz, or a grid of at most 1) and the FMA
+// rounds once. Error as FastLog1pPositive's (swept by tests/cpu/exp_test.cpp).
+template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
+HWY_INLINE hn::Vec<D> FastLog1pSmall(D d, hn::Vec<D> a) {
+#if LOSSFUSE_HWY_LOG_TABLE
+  if constexpr (sizeof(hn::TFromD<D>) == 4 && hn::MaxLanes(D()) == 16) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const avx3::Reduced q = avx3::Reduce(_mm512_add_ps(one, a.raw));
+    const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
+    return hn::Vec<D>{avx3::Finish(q, _mm512_fmadd_ps(a.raw, sc, _mm512_sub_ps(sc, one)))};
+  }
+#endif
+  return FastLog1pPositive(d, a);
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

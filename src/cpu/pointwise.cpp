@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/pointwise_params.hpp"
 #include "cpu/hwy_exp-inl.h"
@@ -69,16 +70,15 @@ struct HwyOps {
     const V safe = hn::IfThenElse(hn::Gt(a, hn::Neg(one)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Zero(d));
     return LogEdges(hn::Add(a, one), FastLog1pPositive(d, safe));
   }
-  HWY_INLINE V exp(V a) const {
-    const T hi = sizeof(T) == 4 ? T(88.72f) : T(709.78);  // below log(max finite)
-    const V r = hn::Exp(d, hn::Min(hn::Max(a, hn::Set(d, hwy::LowestValue<T>())), hn::Set(d, hi)));
-    return hn::IfThenElse(hn::IsNaN(a), a, hn::IfThenElse(hn::Gt(a, hn::Set(d, hi)), Inf(), r));
-  }
+  HWY_INLINE V exp(V a) const { return ExpAny(d, a); }
   // BCE's -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)) for x in [0, 1] (core checked it: no NaN, no
   // negative, no value above 1, so the edge selects of log and log1p are not needed). When every lane's target is
   // exactly 0 or 1 (hard labels, the common case) one log serves: log x where y = 1, log1p(-x) = log(1 - x) +
   // its rounding correction where y = 0.
   HWY_INLINE V bce_nll(V x, V y) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return V{BceNllAvx3(x.raw, y.raw)};
+#endif
     const V one = hn::Set(d, T(1));
     const V lo = hn::Set(d, T(-100));
     const M y1 = hn::Eq(y, one);
@@ -100,12 +100,38 @@ struct HwyOps {
     const V l1mx = hn::IfThenElse(hn::Eq(x, one), lo, hn::Max(FastLog1pPositive(d, hn::Neg(x)), lo));
     return hn::Neg(hn::MulAdd(y, lx, hn::Mul(hn::Sub(one, y), l1mx)));
   }
+#if LOSSFUSE_HWY_LOG_TABLE
+  // bce_nll on AVX-512, from the table log's pieces. log(1 - x) is taken from x itself, not from the rounded
+  // 1 - x: with u = 1 - x = 2^e m, r = (1 - x) 2^-e invc - 1 = (sc - 1) - x sc for sc = invc 2^-e, where sc - 1 is
+  // exact (Sterbenz for sc in [1/2, 2]; sc < 2^24 on a grid of at most 1 otherwise) and the FMA rounds once.
+  // x = 0 (or 1) makes its log NaN, and max(NaN, -100) is -100 here (vmaxps returns its second operand).
+  static HWY_INLINE __m512 BceNllAvx3(__m512 x, __m512 y) {
+    const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(-100.0f);
+    const __mmask16 hard = _kor_mask16(_mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ),
+                                       _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ));
+    const __m512 u = _mm512_sub_ps(one, x);
+    if (hard == 0xffff) {  // hard labels: one log, of x where y = 1 and of 1 - x where y = 0
+      const __mmask16 y1 = _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ);
+      const avx3::Reduced q = avx3::Reduce(_mm512_mask_blend_ps(y1, u, x));
+      const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
+      const __m512 r = _mm512_mask_blend_ps(y1, _mm512_fnmadd_ps(x, sc, _mm512_sub_ps(sc, one)),
+                                            _mm512_fmsub_ps(q.m, q.invc, one));
+      return _mm512_sub_ps(_mm512_setzero_ps(), _mm512_max_ps(avx3::Finish(q, r), lo));
+    }
+    const avx3::Reduced qx = avx3::Reduce(x);
+    const __m512 lx = _mm512_max_ps(avx3::Finish(qx, _mm512_fmsub_ps(qx.m, qx.invc, one)), lo);
+    const avx3::Reduced qu = avx3::Reduce(u);
+    const __m512 sc = _mm512_scalef_ps(qu.invc, _mm512_sub_ps(_mm512_setzero_ps(), qu.e));
+    const __m512 l1mx = _mm512_max_ps(avx3::Finish(qu, _mm512_fnmadd_ps(x, sc, _mm512_sub_ps(sc, one))), lo);
+    return _mm512_fnmsub_ps(y, lx, _mm512_mul_ps(_mm512_sub_ps(one, y), l1mx));  // -(y lx) - (1 - y) l1mx
+  }
+#endif
   // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN. exp(-|a|) lies in [0, 1] for
   // every non-NaN a (-inf is clamped to the lowest finite value, whose exp is 0), so neither exp's nor log1p's
   // edge handling is needed: one select for NaN at the end.
   HWY_INLINE V softplus(V a) const {
-    const V e = hn::Exp(d, hn::Max(hn::Neg(hn::Abs(a)), hn::Set(d, hwy::LowestValue<T>())));
-    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pPositive(d, e));
+    const V e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
+    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pSmall(d, e));
     return hn::IfThenElse(hn::IsNaN(a), a, r);
   }
   HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }
@@ -147,6 +173,83 @@ HWY_INLINE Offsets RowOffsets(const PwParams& p, std::int64_t row, std::int64_t 
   return o;
 }
 
+// What a loss reads besides x and y, and the value check its reduced forward can be asked for (the contiguous
+// loops below are compiled for these; any other combination takes the general loop).
+template <class Loss>
+constexpr bool kLossUsesZ = false;
+template <>
+constexpr bool kLossUsesZ<lm::BceWithLogitsLoss<true>> = true;
+template <>
+constexpr bool kLossUsesZ<lm::GaussianNllLoss> = true;
+template <>
+constexpr bool kLossUsesZ<lm::MarginRankingLoss> = true;
+template <class Loss>
+constexpr core::PwCheck kLossCheck = core::PwCheck::none;
+template <>
+constexpr core::PwCheck kLossCheck<lm::BceLoss> = core::PwCheck::x_unit_interval;
+template <>
+constexpr core::PwCheck kLossCheck<lm::GaussianNllLoss> = core::PwCheck::z_nonnegative;
+
+// The vector part [0, n) of one tile (n a multiple of the lane count) when every operand present is contiguous
+// along the row and there is no weight: the general loop's per-vector tests of stride, weight and mode are hoisted
+// out, leaving the loads, the formula and the store or sum. x..gz point at the tile's first element.
+template <class Loss, class T, class Acc, class D>
+HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>& k, std::int64_t n, const T* x,
+                               const T* y, const T* z, T* gx, T* gy, T* gz, const Acc* go, Acc* rows,
+                               hn::Vec<D>& vl, hn::Mask<D>& bad) {
+  using V = hn::Vec<D>;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const HwyOps<D> vo{d};
+  auto zload = [&](std::int64_t j) -> V {
+    if constexpr (kLossUsesZ<Loss>) {
+      return LoadAcc(d, z + j);
+    } else {
+      (void)j;
+      return hn::Zero(d);
+    }
+  };
+  if (!p.backward) {
+    if (rows != nullptr) {
+      for (std::int64_t j = 0; j < n; j += N) {
+        hn::StoreU(Loss::value(vo, k, LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j)), d, rows + j);
+      }
+      return;
+    }
+    for (std::int64_t j = 0; j < n; j += N) {
+      const V xv = LoadAcc(d, x + j), zv = zload(j);
+      if constexpr (kLossCheck<Loss> == core::PwCheck::x_unit_interval) {
+        bad = hn::Or(bad, hn::Not(hn::And(hn::Ge(xv, hn::Zero(d)), hn::Le(xv, hn::Set(d, Acc(1))))));
+      } else if constexpr (kLossCheck<Loss> == core::PwCheck::z_nonnegative) {
+        bad = hn::Or(bad, hn::Lt(zv, hn::Zero(d)));
+      }
+      vl = hn::Add(vl, Loss::value(vo, k, xv, LoadAcc(d, y + j), zv));
+    }
+    return;
+  }
+  const V gs = hn::Set(d, static_cast<Acc>(p.grad_scale));
+  // The input's gradient alone (the common case) gets a loop of its own, so the other gradients' formulas
+  // (bce's two logs for the target's) are not computed only to be dropped.
+  auto backward = [&](auto input_only) {
+    for (std::int64_t j = 0; j < n; j += N) {
+      const V g = go != nullptr ? hn::Mul(gs, hn::LoadU(d, go + j)) : gs;
+      V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
+      Loss::grad(vo, k, LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j), g, dx, dy, dz);
+      if constexpr (decltype(input_only)::value) {
+        StoreAcc(d, dx, gx + j);
+      } else {
+        if (gx != nullptr) StoreAcc(d, dx, gx + j);
+        if (gy != nullptr) StoreAcc(d, dy, gy + j);
+        if (gz != nullptr) StoreAcc(d, dz, gz + j);
+      }
+    }
+  };
+  if (gx != nullptr && gy == nullptr && gz == nullptr) {
+    backward(std::true_type{});
+  } else {
+    backward(std::false_type{});
+  }
+}
+
 template <class Loss, class T, class Acc>
 void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   const hn::ScalableTag<Acc> d;
@@ -175,6 +278,14 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   const bool want_loss = !p.backward && (p.loss_rows != nullptr || p.tile_loss != nullptr);
   const core::PwCheck check = p.tile_bad != nullptr ? p.check : core::PwCheck::none;
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
+  // The contiguous loops serve: every operand present of stride 1 along the row, no weight, z exactly when the
+  // loss reads it, and no value check other than the loss's own.
+  bool contiguous = vec_ok && W == nullptr && (Z != nullptr) == kLossUsesZ<Loss> &&
+                    (check == core::PwCheck::none || check == kLossCheck<Loss>) &&
+                    (p.backward || p.tile_weight == nullptr);
+  for (int v = 0; v < core::kPwViews; ++v) {
+    if (p.ptr[v] != nullptr && s[v] != 1) contiguous = false;
+  }
 
   // A vector (or stride-0 broadcast) of operand v at element offset `off`.
   auto vload = [&](const T* base, int v, std::int64_t off) -> V {
@@ -191,7 +302,17 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
     auto bad = hn::FirstN(d, 0);  // all false
     bool bad_tail = false;
     std::int64_t i = i0;
-    if (vec_ok) {
+    if (contiguous) {
+      const std::int64_t n = (i1 - i0) / N * N;
+      if (p.backward || want_loss) {
+        ContiguousTile<Loss, T, Acc>(
+            d, p, k, n, X + o.v[core::kPwX], Y + o.v[core::kPwY], Z != nullptr ? Z + o.v[core::kPwZ] : nullptr,
+            GX != nullptr ? GX + o.v[core::kPwGX] : nullptr, GY != nullptr ? GY + o.v[core::kPwGY] : nullptr,
+            GZ != nullptr ? GZ + o.v[core::kPwGZ] : nullptr, GO != nullptr ? GO + o.v[core::kPwGO] : nullptr,
+            loss_rows != nullptr ? loss_rows + row * p.inner + i0 : nullptr, vl, bad);
+      }
+      i = i0 + n;
+    } else if (vec_ok) {
       for (; i + N <= i1; i += N) {
         const std::int64_t j = i - i0;
         const V x = vload(X, core::kPwX, o.v[core::kPwX] + j * s[core::kPwX]);

@@ -1,10 +1,12 @@
 // The vectorized float32 exp of the cross-entropy kernels, swept over its stated valid range.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <vector>
 
@@ -56,6 +58,40 @@ TEST(FastExp, SpecialValues) {
   EXPECT_LE(ulp_distance(y[8], static_cast<float>(std::exp(-1.0))), 1);
 }
 
+// The elementwise losses' exp: every float from -110 (results rounding to 0, through the subnormals) to 90
+// (overflow), within 2 ulp of the correctly rounded value; NaN, +-inf as the C library.
+TEST(ExpAny, AtMostTwoUlpOverEveryFloatAndTheCLibrarysEdges) {
+  std::vector<float> x;
+  // about 2.5M points, steps of 1e-5 relative (1e-8 near 0); every float of the last few thousand before overflow
+  for (float v = -110.0f; v <= 88.7f; v = std::nextafter(v + std::max(std::fabs(v) * 1e-5f, 1e-8f), 100.0f)) {
+    x.push_back(v);
+  }
+  for (float v = 88.7f; v <= 90.0f; v = std::nextafter(v, 100.0f)) x.push_back(v);
+  std::vector<float> y(x.size());
+  lossfuse::cpu::exp_any(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  std::int64_t worst = 0;
+  float at = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float exact = static_cast<float>(std::exp(static_cast<double>(x[i])));
+    const std::int64_t d = std::isinf(exact) ? (std::isinf(y[i]) ? 0 : 1 << 30) : ulp_distance(y[i], exact);
+    if (d > worst) worst = d, at = x[i];
+  }
+  std::cout << "exp_any worst error: " << worst << " ulp at " << at << "\n";
+  EXPECT_LE(worst, 2) << "at x = " << at;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> e = {std::nanf(""), inf, -inf, 89.0f, 1e30f, -1e30f, -std::numeric_limits<float>::max(), 0.0f};
+  std::vector<float> r(e.size());
+  lossfuse::cpu::exp_any(e.data(), r.data(), static_cast<std::int64_t>(e.size()));
+  EXPECT_TRUE(std::isnan(r[0]));
+  EXPECT_EQ(r[1], inf);
+  EXPECT_EQ(r[2], 0.0f);
+  EXPECT_EQ(r[3], inf);
+  EXPECT_EQ(r[4], inf);
+  EXPECT_EQ(r[5], 0.0f);
+  EXPECT_EQ(r[6], 0.0f);
+  EXPECT_EQ(r[7], 1.0f);
+}
+
 }  // namespace
 
 namespace {
@@ -93,6 +129,69 @@ TEST(FastLog, AtMostTwoUlpOverPositiveFloats) {
   float r = -1;
   lossfuse::cpu::fast_log(&one, &r, 1);
   EXPECT_EQ(r, 0.0f);
+}
+
+// Every 97th float of a bit-pattern range [first, last] (and the last), as floats.
+std::vector<float> pattern_sweep(std::uint32_t first, std::uint32_t last) {
+  std::vector<float> x;
+  for (std::uint64_t b = first; b <= last; b += 97) {
+    float v;
+    const auto bits = static_cast<std::uint32_t>(b);
+    std::memcpy(&v, &bits, 4);
+    x.push_back(v);
+  }
+  float v;
+  std::memcpy(&v, &last, 4);
+  x.push_back(v);
+  return x;
+}
+
+// Every float of [0.5, 2) (where the table-driven log meets its cancellation-free intervals next to 1) and every
+// 97th bit pattern of the positive floats, subnormals included.
+TEST(FastLog, AtMostTwoUlpOverEveryFloatNearOneAndABitPatternSweep) {
+  std::vector<float> x = pattern_sweep(0x00000001u, 0x7f7fffffu);
+  for (float v = 0.5f; v < 2.0f; v = std::nextafter(v, 4.0f)) x.push_back(v);
+  std::vector<float> y(x.size());
+  lossfuse::cpu::fast_log(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  float at = 0;
+  const std::int64_t worst = worst_ulp(x, y, [](double v) { return std::log(v); }, &at);
+  std::cout << "fast_log worst error: " << worst << " ulp at " << at << "\n";
+  EXPECT_LE(worst, 2) << "at x = " << at;
+}
+
+// Every 97th bit pattern of (-1, 0) and of the positive floats, and every float of [-2^-10, 2^-10] at stride 97
+// (where log1p(a) ~ a must keep all of a's bits).
+TEST(FastLog1p, AtMostTwoUlpOverABitPatternSweep) {
+  std::vector<float> x = pattern_sweep(0x00000001u, 0x7f7fffffu);
+  for (float v : pattern_sweep(0x80000001u, 0xbf7fffffu)) x.push_back(v);  // -tiny .. -(1 - 2^-24)
+  std::vector<float> y(x.size());
+  lossfuse::cpu::fast_log1p(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  float at = 0;
+  const std::int64_t worst = worst_ulp(x, y, [](double v) { return std::log1p(v); }, &at);
+  std::cout << "fast_log1p worst error: " << worst << " ulp at " << at << "\n";
+  EXPECT_LE(worst, 2) << "at x = " << at;
+}
+
+// The log1p for arguments in [-1 + 2^-24, 1]: every 97th bit pattern of (0, 1] and of [-1 + 2^-24, 0), and every
+// float of +-[2^-20, 2^-19) (small enough that rounding 1 + a loses most of a's bits).
+TEST(FastLog1pSmall, AtMostTwoUlpOverItsRange) {
+  std::vector<float> x = pattern_sweep(0x00000001u, 0x3f800000u);                // (0, 1]
+  for (float v : pattern_sweep(0x80000001u, 0xbf7fffffu)) x.push_back(v);       // [-1 + 2^-24, 0)
+  for (float v = 0x1p-20f; v < 0x1p-19f; v = std::nextafter(v, 1.0f)) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  std::vector<float> y(x.size());
+  lossfuse::cpu::fast_log1p_small(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  float at = 0;
+  const std::int64_t worst = worst_ulp(x, y, [](double v) { return std::log1p(v); }, &at);
+  std::cout << "fast_log1p_small worst error: " << worst << " ulp at " << at << "\n";
+  EXPECT_LE(worst, 2) << "at x = " << at;
+  const float z[2] = {0.0f, 1.0f};
+  float r[2];
+  lossfuse::cpu::fast_log1p_small(z, r, 2);
+  EXPECT_EQ(r[0], 0.0f);
+  EXPECT_EQ(r[1], static_cast<float>(std::log(2.0)));
 }
 
 TEST(FastLog1p, AtMostTwoUlpAboveMinusOne) {

@@ -855,12 +855,15 @@ TEST(PointwiseExtra, NonFiniteOperands) {
 }
 }  // namespace
 
-// Hard labels (every target exactly 0 or 1) take a one-log path in the SIMD kernels: check it against the
-// float64 formula over x spanning tiny (subnormal in float32), ordinary and next-to-1 values.
-TEST(PointwiseExtra, BceHardLabelsMatchFormula) {
+// Hard labels (every target exactly 0 or 1) take a one-log path in the SIMD kernels, soft ones two logs: check
+// both against the float64 formula over x spanning exact 0 and 1, tiny (subnormal in float32), ordinary and
+// next-to-1 values.
+TEST(PointwiseExtra, BceHardAndSoftLabelsMatchFormula) {
   namespace lf = lossfuse;
-  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16})
+  for (bool soft : {false, true}) {
     SCOPED_TRACE(dname(dt));
+    SCOPED_TRACE(soft ? "soft labels" : "hard labels");
     const DType acc = acc_dtype(dt);
     const std::int64_t n = 1003;
     Tensor x = Tensor::make(dt, {n}), y = Tensor::make(dt, {n}), loss = Tensor::make(acc, {n});
@@ -868,15 +871,15 @@ TEST(PointwiseExtra, BceHardLabelsMatchFormula) {
     for (std::int64_t i = 0; i < n; ++i) {
       const double u = rng.uniform();
       const double v = i % 5 == 0 ? std::pow(10.0, -40 * u) : i % 5 == 1 ? 1 - std::pow(10.0, -8 * u) : u;
-      x.set(i, v);
-      y.set(i, (rng.next() & 1) ? 1.0 : 0.0);
+      x.set(i, i % 97 == 3 ? 0.0 : i % 89 == 4 ? 1.0 : v);
+      y.set(i, soft ? rng.uniform() : (rng.next() & 1) ? 1.0 : 0.0);
     }
     lf::bce_forward(x.view, y.view, {Reduction::none, std::nullopt}, loss.view);
     const double u = dt == DType::f64 ? 0x1p-52 : 0x1p-23;
     for (std::int64_t i = 0; i < n; ++i) {
       const double xv = x.get(i), yv = y.get(i);
-      const double want = yv == 1 ? -std::max(std::log(xv), -100.0) : -std::max(std::log1p(-xv), -100.0);
-      EXPECT_NEAR(loss.get(i), want, 4 * u * std::max(std::fabs(want), 1e-30)) << i << " x=" << xv;
+      const double want = -(yv * std::max(std::log(xv), -100.0) + (1 - yv) * std::max(std::log1p(-xv), -100.0));
+      EXPECT_NEAR(loss.get(i), want, 4 * u * std::max(std::fabs(want), 1e-30)) << i << " x=" << xv << " y=" << yv;
     }
   }
 }
