@@ -484,8 +484,8 @@ void FastExpArray(const float* x, float* y, std::int64_t n) {
   ApplyArray(x, y, n, [](auto d, auto v) { return FastExp(d, v); });
 }
 
-void FastLog1pSmallArray(const float* x, float* y, std::int64_t n) {
-  ApplyArray(x, y, n, [](auto d, auto v) { return FastLog1pSmall(d, v); });
+void FastLog1pUnitArray(const float* x, float* y, std::int64_t n) {
+  ApplyArray(x, y, n, [](auto d, auto v) { return FastLog1pUnit(d, v); });
 }
 
 void ExpAnyArray(const float* x, float* y, std::int64_t n) {
@@ -506,14 +506,14 @@ HWY_EXPORT(FastExpArray);
 HWY_EXPORT(ExpAnyArray);
 HWY_EXPORT(FastLogArray);
 HWY_EXPORT(FastLog1pArray);
-HWY_EXPORT(FastLog1pSmallArray);
+HWY_EXPORT(FastLog1pUnitArray);
 
 void fast_exp(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
 void exp_any(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ExpAnyArray)(x, y, n); }
 void fast_log(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLogArray)(x, y, n); }
 void fast_log1p(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pArray)(x, y, n); }
-void fast_log1p_small(const float* x, float* y, std::int64_t n) {
-  HWY_DYNAMIC_DISPATCH(FastLog1pSmallArray)(x, y, n);
+void fast_log1p_unit(const float* x, float* y, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(FastLog1pUnitArray)(x, y, n);
 }
 
 void cross_entropy_rows(const core::CeParams& p) {

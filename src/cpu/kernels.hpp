@@ -23,12 +23,12 @@ void pointwise_run(const core::PwParams& p);
 // the backward (p.grad set) writes every element of p.grad.
 void ctc_samples(const core::CtcParams& p);
 
-// The vectorized float32 exp, log (x > 0, finite), log1p (x > -1, finite; _small: x in [-1 + 2^-24, 1]) of the
+// The vectorized float32 exp, log (x > 0, finite), log1p (x > -1, finite; _unit: x in [0, 1]) of the
 // kernels (src/cpu/hwy_exp-inl.h), and the elementwise losses' exp of any x (ExpAny), applied to arrays; for their range tests.
 void fast_exp(const float* x, float* y, std::int64_t n);
 void exp_any(const float* x, float* y, std::int64_t n);
 void fast_log(const float* x, float* y, std::int64_t n);
 void fast_log1p(const float* x, float* y, std::int64_t n);
-void fast_log1p_small(const float* x, float* y, std::int64_t n);
+void fast_log1p_unit(const float* x, float* y, std::int64_t n);
 
 }  // namespace lossfuse::cpu

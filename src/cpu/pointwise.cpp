@@ -131,7 +131,7 @@ struct HwyOps {
   // edge handling is needed: one select for NaN at the end.
   HWY_INLINE V softplus(V a) const {
     const V e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
-    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pSmall(d, e));
+    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pUnit(d, e));
     return hn::IfThenElse(hn::IsNaN(a), a, r);
   }
   HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }

@@ -172,26 +172,22 @@ TEST(FastLog1p, AtMostTwoUlpOverABitPatternSweep) {
   EXPECT_LE(worst, 2) << "at x = " << at;
 }
 
-// The log1p for arguments in [-1 + 2^-24, 1]: every 97th bit pattern of (0, 1] and of [-1 + 2^-24, 0), and every
-// float of +-[2^-20, 2^-19) (small enough that rounding 1 + a loses most of a's bits).
-TEST(FastLog1pSmall, AtMostTwoUlpOverItsRange) {
-  std::vector<float> x = pattern_sweep(0x00000001u, 0x3f800000u);                // (0, 1]
-  for (float v : pattern_sweep(0x80000001u, 0xbf7fffffu)) x.push_back(v);       // [-1 + 2^-24, 0)
-  for (float v = 0x1p-20f; v < 0x1p-19f; v = std::nextafter(v, 1.0f)) {
-    x.push_back(v);
-    x.push_back(-v);
-  }
+// The log1p of [0, 1]: every 97th bit pattern of (0, 1] (subnormals included), every float of [0.5, 1], and the
+// two ends.
+TEST(FastLog1pUnit, AtMostTwoUlpOverItsRange) {
+  std::vector<float> x = pattern_sweep(0x00000001u, 0x3f800000u);
+  for (float v = 0.5f; v <= 1.0f; v = std::nextafter(v, 2.0f)) x.push_back(v);
   std::vector<float> y(x.size());
-  lossfuse::cpu::fast_log1p_small(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  lossfuse::cpu::fast_log1p_unit(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
   float at = 0;
   const std::int64_t worst = worst_ulp(x, y, [](double v) { return std::log1p(v); }, &at);
-  std::cout << "fast_log1p_small worst error: " << worst << " ulp at " << at << "\n";
-  EXPECT_LE(worst, 2) << "at x = " << at;
+  std::cout << "fast_log1p_unit worst error: " << worst << " ulp at " << at << "\n";
+  EXPECT_LE(worst, 2) << "at x = " << at;  // 1 with fused multiply-adds, 2 on targets without them
   const float z[2] = {0.0f, 1.0f};
   float r[2];
-  lossfuse::cpu::fast_log1p_small(z, r, 2);
+  lossfuse::cpu::fast_log1p_unit(z, r, 2);
   EXPECT_EQ(r[0], 0.0f);
-  EXPECT_EQ(r[1], static_cast<float>(std::log(2.0)));
+  EXPECT_LE(ulp_distance(r[1], static_cast<float>(std::log(2.0))), 2);
 }
 
 TEST(FastLog1p, AtMostTwoUlpAboveMinusOne) {
