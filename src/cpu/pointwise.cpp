@@ -279,9 +279,9 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   const core::PwCheck check = p.tile_bad != nullptr ? p.check : core::PwCheck::none;
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
   // The contiguous loops serve: every operand present of stride 1 along the row, no weight, z exactly when the
-  // loss reads it, and no value check other than the loss's own.
+  // loss reads it, and no value check other than the loss's own (made in the reduced forward only).
   bool contiguous = vec_ok && W == nullptr && (Z != nullptr) == kLossUsesZ<Loss> &&
-                    (check == core::PwCheck::none || check == kLossCheck<Loss>) &&
+                    (check == core::PwCheck::none || (check == kLossCheck<Loss> && loss_rows == nullptr)) &&
                     (p.backward || p.tile_weight == nullptr);
   for (int v = 0; v < core::kPwViews; ++v) {
     if (p.ptr[v] != nullptr && s[v] != 1) contiguous = false;
