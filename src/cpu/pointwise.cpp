@@ -104,7 +104,8 @@ struct HwyOps {
   // bce_nll on AVX-512, from the table log's pieces. log(1 - x) is taken from x itself, not from the rounded
   // 1 - x: with u = 1 - x = 2^e m, r = (1 - x) 2^-e invc - 1 = (sc - 1) - x sc for sc = invc 2^-e, where sc - 1 is
   // exact (Sterbenz for sc in [1/2, 2]; sc < 2^24 on a grid of at most 1 otherwise) and the FMA rounds once.
-  // x = 0 (or 1) makes its log NaN, and max(NaN, -100) is -100 here (vmaxps returns its second operand).
+  // x = 0 (or 1) makes its log NaN or -inf, and max of either with -100 is -100 (vmaxps returns its second
+  // operand for a NaN).
   static HWY_INLINE __m512 BceNllAvx3(__m512 x, __m512 y) {
     const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(-100.0f);
     const __mmask16 hard = _kor_mask16(_mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ),
@@ -127,8 +128,8 @@ struct HwyOps {
   }
 #endif
   // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN. exp(-|a|) lies in [0, 1] for
-  // every non-NaN a (-inf is clamped to the lowest finite value, whose exp is 0), so neither exp's nor log1p's
-  // edge handling is needed: one select for NaN at the end.
+  // every non-NaN a (an infinite a gives 0), so neither exp's nor log1p's edge handling is needed (and log1p of
+  // [0, 1] is one polynomial): one select for NaN at the end.
   HWY_INLINE V softplus(V a) const {
     const V e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
     const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pUnit(d, e));
