@@ -4,7 +4,8 @@
 // for e^r (1 + r (1 + r P(r))), and a multiply by 2^n built in the exponent bits (NaN stays NaN).
 // Valid range: x <= 88.3 (the kernels call it on z - max or z - lse, which are <= ~0). Below -87.3 the result
 // is exactly 0 (true value < 1.2e-38, lost against the >= 1 sums it joins); -inf gives 0; NaN gives NaN.
-// Max error: 2 ulp over [-87.3, 88.3] (swept by tests/cpu/exp_test.cpp).
+// Max error: 2 ulp over [-87.3, 88.3] (swept by tests/cpu/exp_test.cpp). On AVX-512 targets a 16-entry table
+// of 2^(j/16) and a degree-3 polynomial instead (avx3::ExpTable: same contract, 3 multiply-adds fewer).
 // float64: hwy::Exp (1 ulp over [-DBL_MAX, 706]), with NaN kept NaN.
 
 #if defined(LOSSFUSE_CPU_HWY_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -14,6 +15,7 @@
 #define LOSSFUSE_CPU_HWY_EXP_INL_H_
 #endif
 
+#include <cstdint>
 #include <limits>
 
 #include "hwy/contrib/math/math-inl.h"
@@ -22,35 +24,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
-HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
-  if constexpr (sizeof(hn::TFromD<D>) == 8) {
-    // hwy::Exp maps NaN to 0. (Highway's Ne is an ordered compare on AVX-512: use IsNaN.)
-    return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
-  } else {
-    const hn::RebindToSigned<D> di;
-    const auto kMagic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-    const auto t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), kMagic);
-    const auto n = hn::Sub(t, kMagic);
-    auto r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);  // ln2 high part, exact product
-    r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);    // ln2 low part
-    // e^r = 1 + r (1 + r P(r)), P of degree 4 fitted for least relative error on [-ln2/2, ln2/2]: < 1 ulp
-    // before the scaling by 2^n, in 6 FMAs.
-    auto p = hn::Set(d, 1.381461275741458e-3f);
-    p = hn::MulAdd(p, r, hn::Set(d, 8.368710055947304e-3f));
-    p = hn::MulAdd(p, r, hn::Set(d, 4.166838899254799e-2f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.666652113199234e-1f));
-    p = hn::MulAdd(p, r, hn::Set(d, 4.999999403953552e-1f));
-    const auto one = hn::Set(d, 1.0f);
-    const auto e_r = hn::MulAdd(hn::MulAdd(p, r, one), r, one);
-    // 2^n as a float: (n + 127) << 23, n taken from the low bits of t
-    const auto ni = hn::Sub(hn::BitCast(di, t), hn::BitCast(di, kMagic));
-    const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(ni, hn::Set(di, 127))));
-    const auto y = hn::Mul(e_r, two_n);
-    return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.3f)), y);
-  }
-}
 
 // AVX-512 targets (16 float lanes, with vgetmant / vgetexp / vpermps / vscalef): log by a 16-entry table, and
 // an exp valid over every float.
@@ -117,10 +90,70 @@ HWY_INLINE __m512 ExpAll(__m512 x) {
   if constexpr (kNonPositive) return y;
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
+// e^x for x <= 88.3 (FastExp's contract): x = (16k + j) ln2/16 + r with |r| <= ln2/32, e^x = 2^k 2^(j/16) e^r.
+// t = x 16/ln2 + 1.5 * 2^23 holds n = 16k + j in its low bits, so vpermd picks 2^(j/16) by t's bits alone, and
+// t << 19 is k << 23 plus j << 19: the table stores the bits of 2^(j/16) less j << 19, and one integer add
+// gives the bits of 2^k 2^(j/16). e^r - 1 = r (1 + r (c2 + r c3)), fitted for least relative error on
+// [-ln2/32, ln2/32] (0.03 ulp). The result T (1 + p) is rounded once; the table's own rounding (<= 0.5 ulp) adds
+// to it. Below -87.3 (k would leave the normal range) the result is 0 by the final FMA's mask; NaN stays NaN.
+// 7 multiply-adds against 10 for the polynomial of degree 6 (Zen 4 issues one 512-bit FMA per cycle).
+alignas(64) constexpr std::uint32_t kExp2Bits[16] = {
+    0x3f800000u, 0x3f7daac3u, 0x3f7b95c2u, 0x3f79c3d3u, 0x3f7837f0u, 0x3f76f532u, 0x3f75fed7u, 0x3f75583fu,
+    0x3f7504f3u, 0x3f7508a4u, 0x3f75672au, 0x3f76248cu, 0x3f7744fdu, 0x3f78ccdfu, 0x3f7ac0c7u, 0x3f7d257du};
+HWY_INLINE __m512 ExpTable(__m512 x) {
+  const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(23.08312f), magic);  // 16 / ln2
+  const __m512 n = _mm512_sub_ps(t, magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.0433349609f), x);  // ln2/16 high part: n hi is exact
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-1.3262153e-5f), r);       // ln2/16 low part
+  const __m512i ti = _mm512_castps_si512(t);
+  const __m512 scale = _mm512_castsi512_ps(_mm512_add_epi32(
+      _mm512_permutexvar_epi32(ti, _mm512_load_si512(kExp2Bits)), _mm512_slli_epi32(ti, 19)));
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(0.16666721f), r, _mm512_set1_ps(0.5000162f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
+  const __m512 p = _mm512_mul_ps(q, r);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);  // NaN kept
+  return _mm512_maskz_fmadd_ps(keep, scale, p, scale);
+}
 }  // namespace avx3
 #else
 #define LOSSFUSE_HWY_LOG_TABLE 0
 #endif
+
+template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
+HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
+  if constexpr (sizeof(hn::TFromD<D>) == 8) {
+    // hwy::Exp maps NaN to 0. (Highway's Ne is an ordered compare on AVX-512: use IsNaN.)
+    return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+#if LOSSFUSE_HWY_LOG_TABLE
+  } else if constexpr (hn::MaxLanes(D()) == 16) {
+    (void)d;
+    return hn::Vec<D>{avx3::ExpTable(x.raw)};
+#endif
+  } else {
+    const hn::RebindToSigned<D> di;
+    const auto kMagic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+    const auto t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), kMagic);
+    const auto n = hn::Sub(t, kMagic);
+    auto r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);  // ln2 high part, exact product
+    r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);    // ln2 low part
+    // e^r = 1 + r (1 + r P(r)), P of degree 4 fitted for least relative error on [-ln2/2, ln2/2]: < 1 ulp
+    // before the scaling by 2^n, in 6 FMAs.
+    auto p = hn::Set(d, 1.381461275741458e-3f);
+    p = hn::MulAdd(p, r, hn::Set(d, 8.368710055947304e-3f));
+    p = hn::MulAdd(p, r, hn::Set(d, 4.166838899254799e-2f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.666652113199234e-1f));
+    p = hn::MulAdd(p, r, hn::Set(d, 4.999999403953552e-1f));
+    const auto one = hn::Set(d, 1.0f);
+    const auto e_r = hn::MulAdd(hn::MulAdd(p, r, one), r, one);
+    // 2^n as a float: (n + 127) << 23, n taken from the low bits of t
+    const auto ni = hn::Sub(hn::BitCast(di, t), hn::BitCast(di, kMagic));
+    const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(ni, hn::Set(di, 127))));
+    const auto y = hn::Mul(e_r, two_n);
+    return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.3f)), y);
+  }
+}
+
 
 // e^x for x <= 0 or -inf (NaN gives an unspecified value): float32 on AVX-512 avx3::ExpAll (results down to the
 // subnormals), else hwy::Exp (<= 1 ulp; it gives 0 below about -87.3).
