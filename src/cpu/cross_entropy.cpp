@@ -238,8 +238,8 @@ HWY_INLINE GradConsts<D> MakeGradConsts(D d, const RowCtx<Acc>& cx, Acc gscale) 
 // Given t = q_c A for classes [c, c + lanes): g = gs dz/dx (t - w_c b_c), b_c = soft ? (1 - eps) p_c + eps/C
 // : eps/C (an index target's own term is added by the caller); th = tanh(.) of the softcap.
 template <bool kCap, bool kSoft, class D, class T, class Acc>
-HWY_INLINE void GradStore(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, const T* pt, T* g,
-                          const RowCtx<Acc>& cx, const GradConsts<D>& k) {
+HWY_INLINE hn::Vec<D> GradValue(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, const T* pt,
+                                const RowCtx<Acc>& cx, const GradConsts<D>& k) {
   if (k.wterm) {
     auto b = k.eps_c;
     if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), k.one_m_eps, k.eps_c);
@@ -252,10 +252,36 @@ HWY_INLINE void GradStore(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, cons
     (void)th;
     t = hn::Mul(t, k.gs);
   }
-  StoreAcc(d, t, g + c);
+  return t;
 }
 
-// The scalar form of GradStore for one class, strides xs / ts along the classes.
+// Whether bfloat16 gradient rows are stored two vectors at a time by the hardware conversion (StoreAccPairHw).
+template <class T>
+HWY_INLINE bool PairHw() {
+#if LOSSFUSE_HWY_BF16_PAIR
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return cpu_has_bf16_convert();
+#endif
+  return false;
+}
+
+// Stores value(c), the gradient vector at class c, for c = c0, c0 + lanes, ... while a whole vector fits before
+// `end`; returns the first class not stored. kPairHw (see PairHw): two vectors per store.
+template <bool kPairHw, class D, class T, class F>
+HWY_INLINE std::int64_t StoreVectors(D d, std::int64_t c, std::int64_t end, T* g, const F& value) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+#if LOSSFUSE_HWY_BF16_PAIR
+  if constexpr (kPairHw && std::is_same_v<T, hwy::bfloat16_t>) {
+    for (; c + 2 * N <= end; c += 2 * N) {
+      const auto lo = value(c);
+      StoreAccPairHw(d, lo, value(c + N), g + c);
+    }
+  }
+#endif
+  for (; c + N <= end; c += N) StoreAcc(d, value(c), g + c);
+  return c;
+}
+
+// The scalar form of GradValue for one class, stored, strides xs / ts along the classes.
 template <bool kSoft, class T, class Acc>
 HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_t c, const RowCtx<Acc>& cx,
                         Acc gscale) {
@@ -268,22 +294,21 @@ HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_
   return FromAcc<T>(t * gscale * cx.xf.derivative(xv));
 }
 
-// Gradient of one row from the saved lse: q_c = exp(z_c - lse), then GradStore.
-template <bool kCap, bool kSoft, class T, class Acc>
+// Gradient of one row from the saved lse: q_c = exp(z_c - lse), then GradValue.
+template <bool kCap, bool kSoft, bool kPairHw, class T, class Acc>
 HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,
                           std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
   std::int64_t c = 0;
   if (xs == 1 && gs_ == 1 && (!kSoft || ts == 1)) {
     const hn::ScalableTag<Acc> d;
     using V = hn::Vec<decltype(d)>;
-    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
     const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
     const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
-    for (; c + N <= C; c += N) {
+    c = StoreVectors<kPairHw>(d, c, C, g, [&](std::int64_t i) {
       V th = k.one;
-      const V z = Transform<kCap>(d, LoadAcc(d, x + c), cx.xf, &th);
-      GradStore<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA), th, c, pt, g, cx, k);
-    }
+      const V z = Transform<kCap>(d, LoadAcc(d, x + i), cx.xf, &th);
+      return GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA), th, i, pt, cx, k);
+    });
   }
   for (; c < C; ++c) {
     const Acc xv = ToAcc<Acc>(x[c * xs]);
@@ -292,25 +317,23 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
 }
 
 // The fused gradient of a contiguous row from the e_c and chunk maxima RowStats kept:
-// q_c = e_c exp(m_k - lse), then GradStore. x is read only for the softcap derivative.
-template <bool kCap, bool kSoft, class T, class Acc>
+// q_c = e_c exp(m_k - lse), then GradValue. x is read only for the softcap derivative.
+template <bool kCap, bool kSoft, bool kPairHw, class T, class Acc>
 HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, const T* x, const T* pt, T* g,
                                std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr std::int64_t kC = kChunk<Acc>;
   const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t end = std::min(C, c0 + kC);
     const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
     const V vfa = hn::Set(d, fa);
-    std::int64_t c = c0;
-    for (; c + N <= end; c += N) {
+    std::int64_t c = StoreVectors<kPairHw>(d, c0, end, g, [&](std::int64_t i) {
       V th = k.one;
-      if constexpr (kCap) (void)Transform<true>(d, LoadAcc(d, x + c), cx.xf, &th);
-      GradStore<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + c), vfa), th, c, pt, g, cx, k);
-    }
+      if constexpr (kCap) (void)Transform<true>(d, LoadAcc(d, x + i), cx.xf, &th);
+      return GradValue<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + i), vfa), th, i, pt, cx, k);
+    });
     for (; c < end; ++c) g[c] = GradScalar<kSoft, T>(e[c] * fa, ToAcc<Acc>(x[c]), pt, 1, c, cx, gscale);
   }
 }
@@ -338,6 +361,8 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
 
   const T* logits = static_cast<const T*>(p.logits);
   T* grad = static_cast<T*>(p.grad);
+  constexpr bool kBf16 = std::is_same_v<T, hwy::bfloat16_t>;  // the only dtype with a pair store
+  const bool pair_hw = PairHw<T>();
   const bool fwd = p.mode != CeMode::backward;
   const bool bwd = p.mode != CeMode::forward;
   const bool contiguous = p.x_cstride == 1 && (!kSoft || p.t_cstride == 1);
@@ -419,9 +444,11 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       }
       const Acc A = kSoft ? math::ce_soft_grad_a(cx.rp, rs) : math::ce_index_grad_a(cx.rp, rs.lse, w_y);
       if (ebuf != nullptr) {
-        RowGradFromE<kCap, kSoft>(ebuf, chunk_max, x, pt, g, C, cx, rs.lse, gscale, A);
+        (pair_hw ? RowGradFromE<kCap, kSoft, kBf16, T, Acc> : RowGradFromE<kCap, kSoft, false, T, Acc>)(
+            ebuf, chunk_max, x, pt, g, C, cx, rs.lse, gscale, A);
       } else {
-        RowGrad<kCap, kSoft>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+        (pair_hw ? RowGrad<kCap, kSoft, kBf16, T, Acc> : RowGrad<kCap, kSoft, false, T, Acc>)(
+            x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
       }
       if constexpr (!kSoft) {
         // The target's own term, computed from the saved logit so in-place and separate agree bitwise.

@@ -16,6 +16,21 @@
 #include "hwy/highway.h"
 #include "math/half.hpp"
 
+#ifndef LOSSFUSE_CPU_HWY_IO_ONCE_
+#define LOSSFUSE_CPU_HWY_IO_ONCE_
+namespace lossfuse::cpu {
+// Whether the CPU rounds float32 to bfloat16 in hardware (AVX512_BF16), for StoreAccPairHw below.
+inline bool cpu_has_bf16_convert() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+}  // namespace lossfuse::cpu
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -92,6 +107,34 @@ HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, hwy::float16_t* p) {
   }
 #endif
 }
+
+// Stores of two vectors at once, [p, p + 2 lanes): the pair is one 64-byte store where the hardware can round
+// both to bfloat16 together.
+// AVX-512 targets, bfloat16, and only where cpu_has_bf16_convert(): vcvtne2ps2bf16 rounds to nearest even and
+// quiets NaN exactly as StoreAcc does, but flushes subnormal inputs to zero, so a pair holding any subnormal
+// (rare: values below 1.2e-38) takes StoreAcc's rounding instead. Written as inline assembly, so the target's
+// other code needs no AVX512_BF16 and runs on every AVX-512 CPU.
+#undef LOSSFUSE_HWY_BF16_PAIR
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define LOSSFUSE_HWY_BF16_PAIR 1
+template <class D>
+HWY_INLINE void StoreAccPairHw(D d, hn::Vec<D> lo, hn::Vec<D> hi, hwy::bfloat16_t* p) {
+  static_assert(hn::MaxLanes(D()) == 16, "16 float lanes");
+  const __mmask16 sub = static_cast<__mmask16>(_mm512_fpclass_ps_mask(lo.raw, 0x20) |
+                                               _mm512_fpclass_ps_mask(hi.raw, 0x20));  // 0x20: subnormal
+  if (HWY_UNLIKELY(sub != 0)) {
+    StoreAcc(d, lo, p);
+    StoreAcc(d, hi, p + 16);
+    return;
+  }
+  __m512i r;
+  // AT&T order: the first source gives the low 16 results
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi.raw), "v"(lo.raw));
+  _mm512_storeu_si512(p, r);
+}
+#else
+#define LOSSFUSE_HWY_BF16_PAIR 0
+#endif
 
 // Scalar conversions.
 template <class Acc>

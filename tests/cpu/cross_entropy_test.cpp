@@ -432,6 +432,17 @@ std::vector<Spec> edge_specs() {
         v.push_back(s);
       }
     }
+  // a tiny upstream gradient: gradients below float's least normal (1.2e-38), mixed with normal ones in the same
+  // vectors, in every dtype (bfloat16 stores must keep the subnormals: see StoreAccPairHw)
+  for (DType dt : kFloats)
+    for (std::int64_t C : {100, 8200}) {
+      Spec s;
+      s.dt = dt, s.red = Reduction::sum, s.shape = {3, C};
+      s.up = Up::scalar, s.up_scalar = 3e-37 * static_cast<double>(C) / 100;
+      s.seed = 16000 + ++k;
+      s.name = "subnormal_grads_" + nm(dt) + "_C" + std::to_string(C);
+      v.push_back(s);
+    }
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Edge, CrossEntropy, ::testing::ValuesIn(edge_specs()),
