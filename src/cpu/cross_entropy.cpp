@@ -32,6 +32,7 @@
 #include "cpu/hwy_exp-inl.h"
 #include "cpu/hwy_io-inl.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "math/cross_entropy_math.hpp"
 #include "math/online_lse.hpp"
@@ -265,21 +266,31 @@ HWY_INLINE bool PairHw() {
 }
 
 // Stores value(c), the gradient vector at class c, for c = c0, c0 + lanes, ... while a whole vector fits before
-// `end`; returns the first class not stored. kPairHw (see PairHw): two vectors per store.
-template <bool kPairHw, class D, class T, class F>
+// `end`; returns the first class not stored. kPairHw (see PairHw): two vectors per store. kStream: float32 vectors
+// and bfloat16 pairs by streaming stores, g + c0 being 64-byte aligned (the caller fences).
+template <bool kPairHw, bool kStream, class D, class T, class F>
 HWY_INLINE std::int64_t StoreVectors(D d, std::int64_t c, std::int64_t end, T* g, const F& value) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
 #if LOSSFUSE_HWY_BF16_PAIR
   if constexpr (kPairHw && std::is_same_v<T, hwy::bfloat16_t>) {
     for (; c + 2 * N <= end; c += 2 * N) {
       const auto lo = value(c);
-      StoreAccPairHw(d, lo, value(c + N), g + c);
+      StoreAccPairHw<kStream>(d, lo, value(c + N), g + c);
     }
   }
 #endif
+  if constexpr (kStream && std::is_same_v<T, float>) {
+    for (; c + N <= end; c += N) hn::Stream(value(c), d, g + c);
+  }
   for (; c + N <= end; c += N) StoreAcc(d, value(c), g + c);
   return c;
 }
+
+// Gradients of at least this many bytes are written by streaming stores where the layout allows (float32 rows,
+// bfloat16 rows with the hardware conversion; each row 64-byte aligned): they exceed the last-level cache, so
+// cached stores would first read every line they overwrite (a third more memory traffic for fwd+bwd). Smaller
+// gradients stay in cache for whatever reads them next.
+constexpr double kStreamBytes = 32.0 * (1 << 20);
 
 // The scalar form of GradValue for one class, stored, strides xs / ts along the classes.
 template <bool kSoft, class T, class Acc>
@@ -295,7 +306,7 @@ HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_
 }
 
 // Gradient of one row from the saved lse: q_c = exp(z_c - lse), then GradValue.
-template <bool kCap, bool kSoft, bool kPairHw, class T, class Acc>
+template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,
                           std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
   std::int64_t c = 0;
@@ -304,7 +315,7 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
     using V = hn::Vec<decltype(d)>;
     const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
     const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
-    c = StoreVectors<kPairHw>(d, c, C, g, [&](std::int64_t i) {
+    c = StoreVectors<kPairHw, kStream>(d, c, C, g, [&](std::int64_t i) {
       V th = k.one;
       const V z = Transform<kCap>(d, LoadAcc(d, x + i), cx.xf, &th);
       return GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA), th, i, pt, cx, k);
@@ -318,7 +329,7 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
 
 // The fused gradient of a contiguous row from the e_c and chunk maxima RowStats kept:
 // q_c = e_c exp(m_k - lse), then GradValue. x is read only for the softcap derivative.
-template <bool kCap, bool kSoft, bool kPairHw, class T, class Acc>
+template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, const T* x, const T* pt, T* g,
                                std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
   const hn::ScalableTag<Acc> d;
@@ -329,12 +340,23 @@ HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, 
     const std::int64_t end = std::min(C, c0 + kC);
     const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
     const V vfa = hn::Set(d, fa);
-    std::int64_t c = StoreVectors<kPairHw>(d, c0, end, g, [&](std::int64_t i) {
+    std::int64_t c = StoreVectors<kPairHw, kStream>(d, c0, end, g, [&](std::int64_t i) {
       V th = k.one;
       if constexpr (kCap) (void)Transform<true>(d, LoadAcc(d, x + i), cx.xf, &th);
       return GradValue<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + i), vfa), th, i, pt, cx, k);
     });
     for (; c < end; ++c) g[c] = GradScalar<kSoft, T>(e[c] * fa, ToAcc<Acc>(x[c]), pt, 1, c, cx, gscale);
+  }
+}
+
+// One row's gradient: from the kept exps when there are some (e), else from the saved lse.
+template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
+HWY_INLINE void GradRow(const Acc* e, const Acc* chunk_max, const T* x, const T* pt, T* g, const CeParams& p,
+                        std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+  if (e != nullptr) {
+    RowGradFromE<kCap, kSoft, kPairHw, kStream>(e, chunk_max, x, pt, g, C, cx, lse, gscale, A);
+  } else {
+    RowGrad<kCap, kSoft, kPairHw, kStream>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, lse, gscale, A);
   }
 }
 
@@ -363,6 +385,9 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   T* grad = static_cast<T*>(p.grad);
   constexpr bool kBf16 = std::is_same_v<T, hwy::bfloat16_t>;  // the only dtype with a pair store
   const bool pair_hw = PairHw<T>();
+  constexpr bool kStreamable = std::is_same_v<T, float> || kBf16;
+  const bool stream = kStreamable && (!kBf16 || pair_hw) && p.mode != CeMode::forward && p.g_cstride == 1 &&
+                      static_cast<double>(p.rows) * static_cast<double>(p.classes) * sizeof(T) >= kStreamBytes;
   const bool fwd = p.mode != CeMode::backward;
   const bool bwd = p.mode != CeMode::forward;
   const bool contiguous = p.x_cstride == 1 && (!kSoft || p.t_cstride == 1);
@@ -443,12 +468,12 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
                                   p.grad_scale);
       }
       const Acc A = kSoft ? math::ce_soft_grad_a(cx.rp, rs) : math::ce_index_grad_a(cx.rp, rs.lse, w_y);
-      if (ebuf != nullptr) {
-        (pair_hw ? RowGradFromE<kCap, kSoft, kBf16, T, Acc> : RowGradFromE<kCap, kSoft, false, T, Acc>)(
-            ebuf, chunk_max, x, pt, g, C, cx, rs.lse, gscale, A);
+      if (stream && reinterpret_cast<std::uintptr_t>(g) % 64 == 0) {
+        GradRow<kCap, kSoft, kBf16, kStreamable>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
+      } else if (pair_hw) {
+        GradRow<kCap, kSoft, kBf16, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
       } else {
-        (pair_hw ? RowGrad<kCap, kSoft, kBf16, T, Acc> : RowGrad<kCap, kSoft, false, T, Acc>)(
-            x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.lse, gscale, A);
+        GradRow<kCap, kSoft, false, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
       }
       if constexpr (!kSoft) {
         // The target's own term, computed from the saved logit so in-place and separate agree bitwise.
@@ -462,6 +487,7 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       p.block_zloss[blk] = block_zloss;
     }
   }
+  if (stream) hwy::FlushStream();  // streaming stores are weakly ordered: make them visible before returning
 }
 
 // The one switch point: runtime dtype and flags become template parameters.

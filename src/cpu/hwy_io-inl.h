@@ -117,7 +117,8 @@ HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, hwy::float16_t* p) {
 #undef LOSSFUSE_HWY_BF16_PAIR
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define LOSSFUSE_HWY_BF16_PAIR 1
-template <class D>
+// kStream: p is 64-byte aligned, and the store is a streaming (non-temporal) one.
+template <bool kStream, class D>
 HWY_INLINE void StoreAccPairHw(D d, hn::Vec<D> lo, hn::Vec<D> hi, hwy::bfloat16_t* p) {
   static_assert(hn::MaxLanes(D()) == 16, "16 float lanes");
   const __mmask16 sub = static_cast<__mmask16>(_mm512_fpclass_ps_mask(lo.raw, 0x20) |
@@ -130,7 +131,11 @@ HWY_INLINE void StoreAccPairHw(D d, hn::Vec<D> lo, hn::Vec<D> hi, hwy::bfloat16_
   __m512i r;
   // AT&T order: the first source gives the low 16 results
   asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi.raw), "v"(lo.raw));
-  _mm512_storeu_si512(p, r);
+  if constexpr (kStream) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), r);
+  } else {
+    _mm512_storeu_si512(p, r);
+  }
 }
 #else
 #define LOSSFUSE_HWY_BF16_PAIR 0

@@ -2,7 +2,10 @@
 // (tests/reference/reference.hpp), which follows torch.nn.functional.cross_entropy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <regex>
 #include <string>
@@ -981,6 +984,61 @@ TEST(CrossEntropyMisc, BackwardFromReferenceLse) {
   Tensor grad = p.new_grad(Layout::contiguous);
   lossfuse::cross_entropy_backward(p.logits.view, p.target.view, lse.view, std::nullopt, p.options(), grad.view);
   check_grad(p, grad, "backward from reference lse");
+}
+
+// Gradients of 32 MiB and more are written by streaming stores, row by row where a row starts 64-byte aligned
+// (float32; bfloat16 where the hardware rounds pairs). Streaming changes how values are stored, never which:
+// the same problem with its gradient buffer misaligned (every store cached) must give the same bits. C = 8200
+// float32 puts every other row on a 64-byte boundary, so one gradient mixes both kinds of row.
+TEST(CrossEntropyMisc, StreamedGradientsEqualCachedOnes) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::int64_t C = 8200;
+    const std::int64_t R = dt == DType::f32 ? 1024 : 2048;  // 32.8 MB: above the threshold
+    const std::size_t esz = lossfuse::dtype_size(dt);
+    const std::size_t bytes = static_cast<std::size_t>(R * C) * esz;
+    Rng rng(91);
+    Tensor logits = Tensor::make(dt, {R, C});
+    for (std::int64_t i = 0; i < R * C; ++i) logits.set(i, rng.normal() * 2.0);
+    Tensor target = Tensor::make(DType::i64, {R});
+    for (std::int64_t r = 0; r < R; ++r) target.set_int(r, static_cast<std::int64_t>(rng.uniform(0.0, C - 1.0)));
+    CrossEntropyOptions o;
+    o.reduction = Reduction::sum;
+    o.label_smoothing = 0.1;
+    std::vector<std::uint8_t> aligned_buf(bytes + 128), offset_buf(bytes + 128);
+    auto at = [&](std::vector<std::uint8_t>& b, std::size_t skew) {
+      const auto addr = reinterpret_cast<std::uintptr_t>(b.data());
+      return reinterpret_cast<void*>((addr + 63) / 64 * 64 + skew);
+    };
+    const TensorView g_aligned = TensorView::contiguous(at(aligned_buf, 0), dt, {R, C});
+    const TensorView g_skewed = TensorView::contiguous(at(offset_buf, esz), dt, {R, C});
+    auto same_bits = [&](const char* what) {
+      EXPECT_EQ(std::memcmp(g_aligned.data, g_skewed.data, bytes), 0) << dname(dt) << " " << what;
+    };
+    Tensor loss = Tensor::make(acc_dtype(dt), {});
+    Tensor lse = Tensor::make(acc_dtype(dt), {R});
+    CrossEntropyOutputs out{loss.view, lse.view, std::nullopt};
+    lossfuse::cross_entropy_forward_backward(logits.view, target.view, o, out, std::nullopt, g_aligned);
+    lossfuse::cross_entropy_forward_backward(logits.view, target.view, o, out, std::nullopt, g_skewed);
+    same_bits("forward_backward");
+    std::fill(aligned_buf.begin(), aligned_buf.end(), 0);
+    std::fill(offset_buf.begin(), offset_buf.end(), 0);
+    lossfuse::cross_entropy_backward(logits.view, target.view, lse.view, std::nullopt, o, g_aligned);
+    lossfuse::cross_entropy_backward(logits.view, target.view, lse.view, std::nullopt, o, g_skewed);
+    same_bits("backward");
+    // and the values are the gradient: a few rows against the float64 reference formula
+    for (std::int64_t r : {std::int64_t{0}, std::int64_t{1}, R - 1}) {
+      const std::int64_t y = target.get_int(r);
+      double m = -1e300, sum = 0;
+      for (std::int64_t c = 0; c < C; ++c) m = std::max(m, logits.get(r * C + c));
+      for (std::int64_t c = 0; c < C; ++c) sum += std::exp(logits.get(r * C + c) - m);
+      const double l = m + std::log(sum);
+      for (std::int64_t c = 0; c < C; c += 97) {
+        const double want = std::exp(logits.get(r * C + c) - l) - 0.1 / static_cast<double>(C) - (c == y ? 0.9 : 0.0);
+        const double got = load(dt, g_aligned.data, r * C + c);
+        EXPECT_NEAR(got, want, 1e-6 + std::fabs(want) * (dt == DType::f32 ? 1e-5 : 8e-3)) << "row " << r << " class " << c;
+      }
+    }
+  }
 }
 
 }  // namespace
