@@ -154,7 +154,6 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
   }
 }
 
-
 // e^x for x <= 0 or -inf (NaN gives an unspecified value): float32 on AVX-512 avx3::ExpAll (results down to the
 // subnormals), else hwy::Exp (<= 1 ulp; it gives 0 below about -87.3).
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
