@@ -68,6 +68,29 @@ HWY_INLINE __m512 Finish(const Reduced& q, __m512 r) {
   const __m512 hi = _mm512_fmadd_ps(q.e, _mm512_set1_ps(0.693359375f), q.logc);
   return _mm512_add_ps(hi, lo);
 }
+// log and log1p for every float, edges as the C library: after the table log of the argument's magnitude, one
+// vfixupimmps replaces the lanes whose argument (log1p: 1 + a rounded) is 0 (-inf), negative or -inf (NaN), +inf
+// (+inf) or NaN (that NaN, quieted). getmant / getexp never fault on those lanes; their values are discarded.
+constexpr int kLogFixup = 0x03530422;  // tokens by class: POS_VALUE and POS_ONE keep, NEG_VALUE 3, +INF 5,
+                                       // -INF 3, ZERO 4, SNaN and QNaN 2
+HWY_INLINE __m512 LogAny(__m512 a) {
+  const Reduced q = Reduce(a);
+  const __m512 l = Finish(q, _mm512_fmsub_ps(q.m, q.invc, _mm512_set1_ps(1.0f)));
+  return _mm512_fixupimm_ps(l, a, _mm512_set1_epi32(kLogFixup), 0);
+}
+// log1p for a > -1 (finite): u = 1 + a rounded, and what the rounding dropped, delta = (1 + a) - u exactly
+// (Knuth's two-sum); r = (u + delta) 2^-e invc - 1 = (m invc - 1) + delta (invc 2^-e), so log1p(a) keeps every
+// bit of a. Every other a: the edges of log(1 + a).
+HWY_INLINE __m512 Log1pAny(__m512 a) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 u = _mm512_add_ps(a, one);
+  const __m512 bb = _mm512_sub_ps(u, a);
+  const __m512 delta = _mm512_add_ps(_mm512_sub_ps(a, _mm512_sub_ps(u, bb)), _mm512_sub_ps(one, bb));
+  const Reduced q = Reduce(u);
+  const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
+  const __m512 r = _mm512_fmadd_ps(delta, sc, _mm512_fmsub_ps(q.m, q.invc, one));
+  return _mm512_fixupimm_ps(Finish(q, r), u, _mm512_set1_epi32(kLogFixup), 0);
+}
 // e^x for every float x: as FastExp below (same reduction and polynomial) but the 2^n is applied by vscalef,
 // which rounds subnormal results correctly and overflows to +inf on its own. NaN gives NaN, -inf gives 0.
 // kNonPositive: the caller passes x <= 0 or -inf and does not need NaN kept (3 operations fewer).
@@ -114,6 +137,11 @@ HWY_INLINE __m512 ExpTable(__m512 x) {
   const __m512 p = _mm512_mul_ps(q, r);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);  // NaN kept
   return _mm512_maskz_fmadd_ps(keep, scale, p, scale);
+}
+// e^x for x <= 0 or -inf with results down to the subnormals (NaN gives an unspecified value): the table exp
+// unless a lane's result lies below the normal range, which that one flushes to 0.
+HWY_INLINE __m512 ExpNonPositiveAll(__m512 x) {
+  return _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ) == 0 ? ExpTable(x) : ExpAll<true>(x);
 }
 }  // namespace avx3
 #else
@@ -165,12 +193,17 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 }
 
 // e^x for every x as the C library gives it: NaN stays NaN, +inf and overflow give +inf, -inf gives 0. float32 on
-// AVX-512: avx3::ExpAll (<= 2 ulp, subnormal results included); else hwy::Exp inside its valid range.
+// AVX-512: avx3::ExpTable for vectors within +-87.3, else avx3::ExpAll (<= 2 ulp, subnormal results included);
+// elsewhere hwy::Exp inside its valid range.
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> ExpAny(D d, hn::Vec<D> a) {
   using T = hn::TFromD<D>;
 #if LOSSFUSE_HWY_LOG_TABLE
-  if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return hn::Vec<D>{avx3::ExpAll(a.raw)};
+  if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
+    // the table exp (<= 1 ulp, 4 multiply-adds fewer) when every lane's result is normal and finite
+    const __mmask16 in = _mm512_cmp_ps_mask(_mm512_abs_ps(a.raw), _mm512_set1_ps(87.3f), _CMP_LE_OQ);
+    return hn::Vec<D>{in == 0xffff ? avx3::ExpTable(a.raw) : avx3::ExpAll(a.raw)};
+  }
 #endif
   // hi: the least value whose exp rounds to +inf (the one below it, lo, is the largest argument passed on)
   const T hi = sizeof(T) == 4 ? T(88.7228394f) : T(709.782712893384);
@@ -228,17 +261,8 @@ HWY_INLINE hn::Vec<D> FastLog1pPositive(D d, hn::Vec<D> a) {
     return hn::Log1p(d, a);
 #if LOSSFUSE_HWY_LOG_TABLE
   } else if constexpr (hn::MaxLanes(D()) == 16) {
-    // u = 1 + a rounded, and what the rounding dropped, delta = (1 + a) - u exactly (Knuth's two-sum); then
-    // r = (u + delta) 2^-e invc - 1 = (m invc - 1) + delta (invc 2^-e), so log1p(a) keeps every bit of a.
     (void)d;
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 u = _mm512_add_ps(a.raw, one);
-    const __m512 bb = _mm512_sub_ps(u, a.raw);
-    const __m512 delta = _mm512_add_ps(_mm512_sub_ps(a.raw, _mm512_sub_ps(u, bb)), _mm512_sub_ps(one, bb));
-    const avx3::Reduced q = avx3::Reduce(u);
-    const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
-    const __m512 r = _mm512_fmadd_ps(delta, sc, _mm512_fmsub_ps(q.m, q.invc, one));
-    return hn::Vec<D>{avx3::Finish(q, r)};
+    return hn::Vec<D>{avx3::Log1pAny(a.raw)};  // the fixup leaves a > -1 alone
 #endif
   } else {
     const auto one = hn::Set(d, 1.0f);

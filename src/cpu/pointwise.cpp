@@ -44,6 +44,17 @@ struct HwyOps {
   HWY_INLINE V sub(V a, V b) const { return hn::Sub(a, b); }
   HWY_INLINE V mul(V a, V b) const { return hn::Mul(a, b); }
   HWY_INLINE V div(V a, V b) const { return hn::Div(a, b); }
+  // a / b for b positive and finite. float32 on AVX-512: a times the reciprocal estimate refined by one Newton
+  // step (<= 1 ulp more than the quotient), as a division takes 6 cycles a vector there.
+  HWY_INLINE V div_pos(V a, V b) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
+      const __m512 r0 = _mm512_rcp14_ps(b.raw);
+      return V{_mm512_mul_ps(a.raw, _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(b.raw, r0, _mm512_set1_ps(1.0f)), r0))};
+    }
+#endif
+    return hn::Div(a, b);
+  }
   HWY_INLINE V neg(V a) const { return hn::Neg(a); }
   HWY_INLINE V abs(V a) const { return hn::Abs(a); }
   HWY_INLINE V min(V a, V b) const { return hn::Min(a, b); }
@@ -61,16 +72,40 @@ struct HwyOps {
     return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::Lt(a, zero)), NaN(), r);
   }
   HWY_INLINE V log(V a) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return V{avx3::LogAny(a.raw)};
+#endif
     const V safe =
         hn::IfThenElse(hn::Gt(a, hn::Zero(d)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Set(d, T(1)));
     return LogEdges(a, FastLogPositive(d, safe));
   }
   HWY_INLINE V log1p(V a) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return V{avx3::Log1pAny(a.raw)};
+#endif
     const V one = hn::Set(d, T(1));
     const V safe = hn::IfThenElse(hn::Gt(a, hn::Neg(one)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Zero(d));
     return LogEdges(hn::Add(a, one), FastLog1pPositive(d, safe));
   }
   HWY_INLINE V exp(V a) const { return ExpAny(d, a); }
+  // 1 / (1 + e^-a). float32 on AVX-512 in the stable form: e = e^-|a| in [0, 1], r = 1 / (1 + e) by the
+  // reciprocal estimate and one Newton step (the quotient's error squared: 2^-28, no division, which takes 6
+  // cycles a vector), and e r where a < 0; results down to the subnormals, NaN stays NaN. Elsewhere the quotient.
+  HWY_INLINE V sigmoid(V a) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
+      const __m512 e = avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)));
+      const __m512 one = _mm512_set1_ps(1.0f);
+      const __m512 u = _mm512_add_ps(one, e);
+      const __m512 r0 = _mm512_rcp14_ps(u);
+      const __m512 r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+      const __m512 s = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(a.raw, _mm512_setzero_ps(), _CMP_LT_OQ), e, r);
+      return V{_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.raw, a.raw, _CMP_UNORD_Q), s, a.raw)};
+    }
+#endif
+    const V one = hn::Set(d, T(1));
+    return hn::Div(one, hn::Add(one, ExpAny(d, hn::Neg(a))));
+  }
   // BCE's -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)) for x in [0, 1] (core checked it: no NaN, no
   // negative, no value above 1, so the edge selects of log and log1p are not needed). When every lane's target is
   // exactly 0 or 1 (hard labels, the common case) one log serves: log x where y = 1, log1p(-x) = log(1 - x) +
@@ -131,7 +166,15 @@ struct HwyOps {
   // every non-NaN a (an infinite a gives 0), so neither exp's nor log1p's edge handling is needed (and log1p of
   // [0, 1] is one polynomial): one select for NaN at the end.
   HWY_INLINE V softplus(V a) const {
-    const V e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
+    V e;
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
+      e = V{avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)))};
+    } else
+#endif
+    {
+      e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
+    }
     const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pUnit(d, e));
     return hn::IfThenElse(hn::IsNaN(a), a, r);
   }
@@ -216,22 +259,57 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       }
       return;
     }
-    for (std::int64_t j = 0; j < n; j += N) {
-      const V xv = LoadAcc(d, x + j), zv = zload(j);
+    auto step = [&](V xv, V yv, V zv) {
       if constexpr (kLossCheck<Loss> == core::PwCheck::x_unit_interval) {
         bad = hn::Or(bad, hn::Not(hn::And(hn::Ge(xv, hn::Zero(d)), hn::Le(xv, hn::Set(d, Acc(1))))));
       } else if constexpr (kLossCheck<Loss> == core::PwCheck::z_nonnegative) {
         bad = hn::Or(bad, hn::Lt(zv, hn::Zero(d)));
       }
-      vl = hn::Add(vl, Loss::value(vo, k, xv, LoadAcc(d, y + j), zv));
+      vl = hn::Add(vl, Loss::value(vo, k, xv, yv, zv));
+    };
+    std::int64_t j = 0;
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+      // A sum does not care which lane holds which element: 2N bfloat16 values load as N 32-bit words, whose low
+      // halves (shifted up) are the even elements and whose high halves (masked) the odd ones, as floats. Two
+      // operations per two vectors instead of a widening shuffle and a shift per vector.
+      const hn::RebindToUnsigned<D> du;
+      auto load2 = [&](const T* src, V& even, V& odd) {
+        const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(src));
+        even = hn::BitCast(d, hn::ShiftLeft<16>(w));
+        odd = hn::BitCast(d, hn::And(w, hn::Set(du, 0xffff0000u)));
+      };
+      for (; j + 2 * N <= n; j += 2 * N) {
+        V x0, x1, y0, y1, z0 = hn::Zero(d), z1 = hn::Zero(d);
+        load2(x + j, x0, x1);
+        load2(y + j, y0, y1);
+        if constexpr (kLossUsesZ<Loss>) load2(z + j, z0, z1);
+        step(x0, y0, z0);
+        step(x1, y1, z1);
+      }
     }
+    for (; j < n; j += N) step(LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j));
     return;
   }
   const V gs = hn::Set(d, static_cast<Acc>(p.grad_scale));
   // The input's gradient alone (the common case) gets a loop of its own, so the other gradients' formulas
   // (bce's two logs for the target's) are not computed only to be dropped.
   auto backward = [&](auto input_only) {
-    for (std::int64_t j = 0; j < n; j += N) {
+    std::int64_t j = 0;
+#if LOSSFUSE_HWY_BF16_PAIR
+    if constexpr (decltype(input_only)::value && std::is_same_v<T, hwy::bfloat16_t>) {
+      // bfloat16 input gradients two vectors at a time, rounded together by the hardware where it can
+      if (cpu_has_bf16_convert()) {
+        auto dx_at = [&](std::int64_t i) {
+          const V g = go != nullptr ? hn::Mul(gs, hn::LoadU(d, go + i)) : gs;
+          V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
+          Loss::grad(vo, k, LoadAcc(d, x + i), LoadAcc(d, y + i), zload(i), g, dx, dy, dz);
+          return dx;
+        };
+        for (; j + 2 * N <= n; j += 2 * N) StoreAccPairHw<false>(d, dx_at(j), dx_at(j + N), gx + j);
+      }
+    }
+#endif
+    for (; j < n; j += N) {
       const V g = go != nullptr ? hn::Mul(gs, hn::LoadU(d, go + j)) : gs;
       V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
       Loss::grad(vo, k, LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j), g, dx, dy, dz);

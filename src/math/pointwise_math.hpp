@@ -32,6 +32,7 @@ struct ScalarOps {
   LF_HOST_DEVICE V sub(V a, V b) const { return a - b; }
   LF_HOST_DEVICE V mul(V a, V b) const { return a * b; }
   LF_HOST_DEVICE V div(V a, V b) const { return a / b; }
+  LF_HOST_DEVICE V div_pos(V a, V b) const { return a / b; }  // b positive and finite
   LF_HOST_DEVICE V neg(V a) const { return -a; }
   LF_HOST_DEVICE V abs(V a) const { return std::fabs(a); }
   LF_HOST_DEVICE V min(V a, V b) const { return a < b ? a : b; }
@@ -40,6 +41,7 @@ struct ScalarOps {
   LF_HOST_DEVICE V log(V a) const { return std::log(a); }
   LF_HOST_DEVICE V log1p(V a) const { return std::log1p(a); }
   LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
+  LF_HOST_DEVICE V sigmoid(V a) const { return V(1) / (V(1) + std::exp(-a)); }
   // Binary cross-entropy's negative log-likelihood for x in [0, 1] (checked by the caller) and any y, each log
   // clamped at -100 as torch: -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)).
   LF_HOST_DEVICE V bce_nll(V x, V y) const {

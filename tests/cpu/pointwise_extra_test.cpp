@@ -5,6 +5,7 @@
 // paths with untouched outputs; determinism across thread counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -451,6 +452,39 @@ TEST(PointwiseExtra, KlBatchmeanDenominators) {
     const double div = shape.empty() ? 1.0 : static_cast<double>(shape[0]);
     EXPECT_NEAR(loss.get(0), sum / div, 1e-13 * (1 + std::fabs(sum)));
   }
+}
+
+// bce_with_logits where y = 1 and x is large: the loss is softplus(-x) = log1p(e^-x), below the normal range for
+// x > 87.3 (subnormal, down to 0 past about 103.9). The SIMD kernels take a cheaper exp that flushes there unless a
+// lane of the vector needs it: vectors with none, some and all lanes in that range, reduction none and sum, checked
+// against the float64 formula rounded to float32 (fails if the tiny results are flushed to 0).
+TEST(PointwiseExtra, BceWithLogitsSubnormalLosses) {
+  namespace lf = lossfuse;
+  const int n = 48;  // three vectors of 16 float lanes: ordinary, mixed, all tiny
+  Tensor x = Tensor::make(DType::f32, {n}), y = Tensor::make(DType::f32, {n});
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) {
+    const bool tiny = i >= 32 || (i >= 16 && i % 3 == 0);
+    const double xv = tiny ? static_cast<double>(static_cast<float>(87.5 + 0.37 * (i % 17))) : 0.25 * (i % 9) - 1.0;
+    x.set(i, xv);
+    y.set(i, 1.0);
+    want[i] = static_cast<double>(static_cast<float>(std::log1p(std::exp(-xv))));
+  }
+  Tensor loss = Tensor::make(DType::f32, {n});
+  lf::bce_with_logits_forward(x.view, y.view, {Reduction::none, std::nullopt, std::nullopt}, loss.view);
+  double tiny_sum = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i >= 32) tiny_sum += want[i];
+    // 1 ulp of a normal result; 2^-148 (one float subnormal ulp, twice) below
+    EXPECT_NEAR(loss.get(i), want[i], std::max(std::fabs(want[i]) * 2.4e-7, 2.9e-45)) << i << " x " << x.get(i);
+    if (i >= 32 && x.get(i) < 103) EXPECT_GT(loss.get(i), 0.0) << i;
+  }
+  Tensor tail_x = Tensor::make(DType::f32, {16}), tail_y = Tensor::make(DType::f32, {16});
+  for (int i = 0; i < 16; ++i) tail_x.set(i, x.get(32 + i)), tail_y.set(i, 1.0);
+  Tensor sum = Tensor::make(DType::f32, {});
+  lf::bce_with_logits_forward(tail_x.view, tail_y.view, {Reduction::sum, std::nullopt, std::nullopt}, sum.view);
+  EXPECT_GT(tiny_sum, 0.0);
+  EXPECT_NEAR(sum.get(0), tiny_sum, tiny_sum * 1e-5 + 2e-44);
 }
 
 // Values checked against torch 2.15 (CPU, float64) by hand.
