@@ -73,11 +73,14 @@ HWY_INLINE __m512 Finish(const Reduced& q, __m512 r) {
 // (+inf) or NaN (that NaN, quieted). getmant / getexp never fault on those lanes; their values are discarded.
 constexpr int kLogFixup = 0x03530422;  // tokens by class: POS_VALUE and POS_ONE keep, NEG_VALUE 3, +INF 5,
                                        // -INF 3, ZERO 4, SNaN and QNaN 2
+template <int kFixup = kLogFixup>
 HWY_INLINE __m512 LogAny(__m512 a) {
   const Reduced q = Reduce(a);
   const __m512 l = Finish(q, _mm512_fmsub_ps(q.m, q.invc, _mm512_set1_ps(1.0f)));
-  return _mm512_fixupimm_ps(l, a, _mm512_set1_epi32(kLogFixup), 0);
+  return _mm512_fixupimm_ps(l, a, _mm512_set1_epi32(kFixup), 0);
 }
+// a log a, 0 at a = 0 (xlogy(a, a)): the log's fixup gives +0 there instead of -inf
+HWY_INLINE __m512 XLogX(__m512 a) { return _mm512_mul_ps(a, LogAny<0x03530822>(a)); }
 // log1p for a > -1 (finite): u = 1 + a rounded, and what the rounding dropped, delta = (1 + a) - u exactly
 // (Knuth's two-sum); r = (u + delta) 2^-e invc - 1 = (m invc - 1) + delta (invc 2^-e), so log1p(a) keeps every
 // bit of a. Every other a: the edges of log(1 + a).

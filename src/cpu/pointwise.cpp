@@ -79,6 +79,12 @@ struct HwyOps {
         hn::IfThenElse(hn::Gt(a, hn::Zero(d)), hn::Min(a, hn::Set(d, hwy::HighestValue<T>())), hn::Set(d, T(1)));
     return LogEdges(a, FastLogPositive(d, safe));
   }
+  HWY_INLINE V xlogx(V a) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return V{avx3::XLogX(a.raw)};
+#endif
+    return hn::IfThenZeroElse(hn::Eq(a, hn::Zero(d)), hn::Mul(a, log(a)));
+  }
   HWY_INLINE V log1p(V a) const {
 #if LOSSFUSE_HWY_LOG_TABLE
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) return V{avx3::Log1pAny(a.raw)};

@@ -40,6 +40,7 @@ struct ScalarOps {
   LF_HOST_DEVICE V sqrt(V a) const { return std::sqrt(a); }
   LF_HOST_DEVICE V log(V a) const { return std::log(a); }
   LF_HOST_DEVICE V log1p(V a) const { return std::log1p(a); }
+  LF_HOST_DEVICE V xlogx(V a) const { return a == V(0) ? V(0) : a * std::log(a); }  // torch.xlogy(a, a)
   LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
   LF_HOST_DEVICE V sigmoid(V a) const { return V(1) / (V(1) + std::exp(-a)); }
   // Binary cross-entropy's negative log-likelihood for x in [0, 1] (checked by the caller) and any y, each log
