@@ -1,12 +1,47 @@
 // multilabel_margin entries: checks (every one before any write, every target value scanned first), plain
 // params, the CPU kernel, the reduction.
+#include <algorithm>
+#include <atomic>
+
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
 #include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
+#include "lossfuse/parallel.hpp"
 
 namespace lossfuse {
 namespace {
+
+// Whether every target value of every row lies in [-1, C).
+template <class I>
+bool rows_in_range(const core::MarginParams& p, const I* t, std::int64_t C) {
+  const std::int64_t st = p.inner[core::kMvTarget];
+  std::atomic<bool> ok{true};
+  parallel_for(0, p.rows, std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, C)),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 bool bad = false;
+                 for (std::int64_t r = r0; r < r1 && !bad; ++r) {
+                   const I* row = t + p.index.offset(core::kMvTarget, r);
+                   for (std::int64_t c = 0; c < C; ++c) {
+                     const auto v = static_cast<std::int64_t>(row[c * st]);
+                     bad |= (v < -1) | (v >= C);
+                   }
+                 }
+                 if (bad) ok.store(false, std::memory_order_relaxed);
+               });
+  return ok.load();
+}
+
+bool targets_in_range(const core::MarginParams& p, DType dtype, std::int64_t C) {
+  switch (dtype) {
+    case DType::u8: return rows_in_range(p, static_cast<const std::uint8_t*>(p.target), C);
+    case DType::i8: return rows_in_range(p, static_cast<const std::int8_t*>(p.target), C);
+    case DType::i16: return rows_in_range(p, static_cast<const std::int16_t*>(p.target), C);
+    case DType::i32: return rows_in_range(p, static_cast<const std::int32_t*>(p.target), C);
+    case DType::i64: return rows_in_range(p, static_cast<const std::int64_t*>(p.target), C);
+    default: return false;
+  }
+}
 
 void run(bool backward, const TensorView& input, const TensorView& target, const MultilabelMarginOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
@@ -36,16 +71,19 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
   core::set_margin_view(p, core::kMvX0, input, true);
   core::set_margin_view(p, core::kMvTarget, target, true);
-  // torch checks every value, also past the terminating -1: all must lie in [-1, C)
-  for (std::int64_t r = 0; r < p.rows; ++r) {
-    const std::int64_t off = p.index.offset(core::kMvTarget, r);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const std::int64_t t = core::read_target(target.data, target.dtype, off + c * p.inner[core::kMvTarget]);
-      if (t < -1 || t >= C) {
-        const std::string pos = input.ndim == 2 ? std::to_string(r) + ", " + std::to_string(c) : std::to_string(c);
-        throw Error(ErrorCode::index_error, "target",
-                    "class indices in [0, " + std::to_string(C) + ") or -1 (ends the label list)",
-                    std::to_string(t) + " at position [" + pos + "]");
+  // torch checks every value, also past the terminating -1: all must lie in [-1, C). Rows are tested over
+  // threads in typed, branch-free loops; only when one fails is the first bad value looked up, in row order.
+  if (!targets_in_range(p, target.dtype, C)) {
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      const std::int64_t off = p.index.offset(core::kMvTarget, r);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t t = core::read_target(target.data, target.dtype, off + c * p.inner[core::kMvTarget]);
+        if (t < -1 || t >= C) {
+          const std::string pos = input.ndim == 2 ? std::to_string(r) + ", " + std::to_string(c) : std::to_string(c);
+          throw Error(ErrorCode::index_error, "target",
+                      "class indices in [0, " + std::to_string(C) + ") or -1 (ends the label list)",
+                      std::to_string(t) + " at position [" + pos + "]");
+        }
       }
     }
   }
