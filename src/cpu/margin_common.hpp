@@ -1,25 +1,18 @@
 // Shared pieces of the CPU margin-loss kernels (src/cpu/{triplet_margin,cosine_embedding,multi_margin,
-// multilabel_margin,multilabel_soft_margin}.cpp): dtype loads/stores (16-bit through src/math/half.hpp, round to
-// nearest even), the upstream gradient of a row, and the block driver that splits rows over threads in fixed
-// blocks and writes per-row losses or per-block partial sums (double), so reductions are deterministic for any
-// thread count.
+// multilabel_margin,multilabel_soft_margin}.cpp): a float target of any dtype widened to double, the upstream
+// gradient of a row, and the block driver that splits rows over threads in fixed blocks and writes per-row
+// losses or per-block partial sums (double), so reductions are deterministic for any thread count.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
 #include "lossfuse/parallel.hpp"
-#include "cpu/scalar_io.hpp"
 #include "math/half.hpp"
 
 namespace lossfuse::cpu::margin {
-
-using cpu::Bf16;
-using cpu::F16;
-using cpu::Io;
 
 // A floating value of any float dtype at element offset i, widened to double.
 inline double read_float(const void* base, DType t, std::int64_t i) {
@@ -30,18 +23,6 @@ inline double read_float(const void* base, DType t, std::int64_t i) {
     case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
     default: return static_cast<double>(core::read_target(base, t, i));
   }
-}
-
-// True when every listed view that is in use has stride 1 along D (unused views have inner stride 0 and a null
-// pointer, and count as contiguous).
-inline bool all_unit_stride(const core::MarginParams& p, std::initializer_list<int> views) {
-  for (int v : views) {
-    const bool used = v < core::kMvTarget                    ? p.x[v] != nullptr
-                      : v >= core::kMvG0 && v <= core::kMvG2 ? p.grad[v - core::kMvG0] != nullptr
-                                                             : true;
-    if (used && p.inner[v] != 1) return false;
-  }
-  return true;
 }
 
 // The upstream gradient of row r: grad_loss[r] for 'none' (1 when absent), else the scale (1/rows folded in).

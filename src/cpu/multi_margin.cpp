@@ -20,6 +20,7 @@
 #include "core/targets.hpp"
 #include "cpu/hwy_io-inl.h"
 #include "cpu/margin_common.hpp"
+#include "cpu/margin_hwy-inl.h"
 #include "hwy/highway.h"
 #include "math/margin_math.hpp"
 
@@ -27,13 +28,10 @@ HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-template <class T>
-using MmAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 // One row: the loss (forward) or the gradients (backward).
 template <class T, int P>
-MmAcc<T> MultiMarginRow(const core::MarginParams& p, std::int64_t r) {
-  using Acc = MmAcc<T>;
+MarginAcc<T> MultiMarginRow(const core::MarginParams& p, std::int64_t r) {
+  using Acc = MarginAcc<T>;
   const std::int64_t C = p.D;
   const auto* w = static_cast<const Acc*>(p.weight);
   const T* x = static_cast<const T*>(p.x[0]) + p.index.offset(core::kMvX0, r);
@@ -91,20 +89,12 @@ MmAcc<T> MultiMarginRow(const core::MarginParams& p, std::int64_t r) {
   return Acc(0);
 }
 
-template <class T, int P>
-void Blocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  margin::run_blocks<MmAcc<T>>(p, b0, b1, [&p](std::int64_t r) { return MultiMarginRow<T, P>(p, r); });
-}
-
 template <int P>
 void BlocksFor(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  switch (p.dtype) {
-    case DType::f32: return Blocks<float, P>(p, b0, b1);
-    case DType::f64: return Blocks<double, P>(p, b0, b1);
-    case DType::bf16: return Blocks<hwy::bfloat16_t, P>(p, b0, b1);
-    case DType::f16: return Blocks<hwy::float16_t, P>(p, b0, b1);
-    default: return;
-  }
+  VisitStorage(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    margin::run_blocks<MarginAcc<T>>(p, b0, b1, [&p](std::int64_t r) { return MultiMarginRow<T, P>(p, r); });
+  });
 }
 
 void MultiMarginBlocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {

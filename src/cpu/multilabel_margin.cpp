@@ -25,14 +25,12 @@
 #include "core/targets.hpp"
 #include "cpu/hwy_io-inl.h"
 #include "cpu/margin_common.hpp"
+#include "cpu/margin_hwy-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-template <class T>
-using MlAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <class Acc>
 struct MlScratch {
@@ -42,8 +40,8 @@ struct MlScratch {
 
 // One row: the loss (forward) or the gradients (backward).
 template <class T>
-MlAcc<T> MultilabelRow(const core::MarginParams& p, std::int64_t r) {
-  using Acc = MlAcc<T>;
+MarginAcc<T> MultilabelRow(const core::MarginParams& p, std::int64_t r) {
+  using Acc = MarginAcc<T>;
   thread_local MlScratch<Acc> sc;
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
@@ -110,19 +108,11 @@ MlAcc<T> MultilabelRow(const core::MarginParams& p, std::int64_t r) {
   return Acc(0);
 }
 
-template <class T>
-void Blocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  margin::run_blocks<MlAcc<T>>(p, b0, b1, [&p](std::int64_t r) { return MultilabelRow<T>(p, r); });
-}
-
 void MultilabelMarginBlocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  switch (p.dtype) {
-    case DType::f32: return Blocks<float>(p, b0, b1);
-    case DType::f64: return Blocks<double>(p, b0, b1);
-    case DType::bf16: return Blocks<hwy::bfloat16_t>(p, b0, b1);
-    case DType::f16: return Blocks<hwy::float16_t>(p, b0, b1);
-    default: return;
-  }
+  VisitStorage(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    margin::run_blocks<MarginAcc<T>>(p, b0, b1, [&p](std::int64_t r) { return MultilabelRow<T>(p, r); });
+  });
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

@@ -5,9 +5,10 @@
 //   loss = -(1/C) sum_c w_c [y_c log sigmoid(x_c) + (1 - y_c) log sigmoid(-x_c)]
 //   grad_x = g w_c (sigmoid(x_c) - y_c) / C,   grad_y = -g w_c x_c / C    (torch differentiates the target)
 // One pass per row. Both logs share l = log1p(exp(-|x|)): log sigmoid(+-x) = min(+-x, 0) - l.
-// Rows whose input, target and gradients are all contiguous along C run in Highway vectors (exp from
-// hwy_exp-inl.h, hwy::Log1p: a few ulp; exp results below the smallest normal flush to 0, so e.g. sigmoid(-100)
-// is 0 in float32 instead of 3.7e-44), with a scalar tail (src/math/margin_math.hpp); other rows are scalar.
+// Rows whose input, target and gradients are all contiguous along C run in Highway vectors (exp and the log1p of
+// e^-|x| in [0, 1] from hwy_exp-inl.h: a few ulp; exp results below the smallest normal flush to 0, so e.g.
+// sigmoid(-100) is 0 in float32 instead of 3.7e-44), with a scalar tail (src/math/margin_math.hpp); other rows are
+// scalar.
 // The vector partial sums are combined in a fixed order, so results do not depend on the thread count.
 
 #undef HWY_TARGET_INCLUDE
@@ -22,6 +23,7 @@
 #include "cpu/hwy_exp-inl.h"
 #include "cpu/hwy_io-inl.h"
 #include "cpu/margin_common.hpp"
+#include "cpu/margin_hwy-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "math/margin_math.hpp"
@@ -31,17 +33,14 @@ namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 template <class T>
-using AccOf = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <class T>
-HWY_INLINE AccOf<T> LoadS(const T* p, std::int64_t i) {
-  return ToAcc<AccOf<T>>(p[i]);
+HWY_INLINE MarginAcc<T> LoadS(const T* p, std::int64_t i) {
+  return ToAcc<MarginAcc<T>>(p[i]);
 }
 
 // One row: the loss (forward) or the gradients (backward).
 template <class T>
-AccOf<T> SoftRow(const core::MarginParams& p, std::int64_t r) {
-  using Acc = AccOf<T>;
+MarginAcc<T> SoftRow(const core::MarginParams& p, std::int64_t r) {
+  using Acc = MarginAcc<T>;
   const std::int64_t C = p.D;
   const auto* w = static_cast<const Acc*>(p.weight);
   const T* x = static_cast<const T*>(p.x[0]) + p.index.offset(core::kMvX0, r);
@@ -64,7 +63,7 @@ AccOf<T> SoftRow(const core::MarginParams& p, std::int64_t r) {
     V acc = zero;
     for (std::int64_t c = 0; c < vec_end; c += N) {
       const V xv = LoadAcc(d, x + c), yv = LoadAcc(d, t + c);
-      const V l = hn::Log1p(d, FastExp(d, hn::Neg(hn::Abs(xv))));
+      const V l = FastLog1pUnit(d, FastExp(d, hn::Neg(hn::Abs(xv))));
       const V lsp = hn::Sub(hn::Min(xv, zero), l);
       const V lsn = hn::Sub(hn::Min(hn::Neg(xv), zero), l);
       V term = hn::Add(hn::Mul(yv, lsp), hn::Mul(hn::Sub(one, yv), lsn));
@@ -98,19 +97,11 @@ AccOf<T> SoftRow(const core::MarginParams& p, std::int64_t r) {
   return Acc(0);
 }
 
-template <class T>
-void Blocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  margin::run_blocks<AccOf<T>>(p, b0, b1, [&p](std::int64_t r) { return SoftRow<T>(p, r); });
-}
-
 void SoftMarginBlocks(const core::MarginParams& p, std::int64_t b0, std::int64_t b1) {
-  switch (p.dtype) {
-    case DType::f32: return Blocks<float>(p, b0, b1);
-    case DType::f64: return Blocks<double>(p, b0, b1);
-    case DType::bf16: return Blocks<hwy::bfloat16_t>(p, b0, b1);
-    case DType::f16: return Blocks<hwy::float16_t>(p, b0, b1);
-    default: return;
-  }
+  VisitStorage(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    margin::run_blocks<MarginAcc<T>>(p, b0, b1, [&p](std::int64_t r) { return SoftRow<T>(p, r); });
+  });
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

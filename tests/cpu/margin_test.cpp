@@ -477,6 +477,26 @@ std::vector<Spec> edge_specs() {
     s.p = 0.5, s.eps = 1e-6, s.edit = nullptr, s.name = "triplet_p05_" + nm(dt), s.seed = ++k;
     if (dt == DType::f64) v.push_back(s);
   }
+  // triplet: p in {0, 1, 2} over rows long enough for the vector kernels (whole vectors and a tail), with and
+  // without swap; and zero norms there (the 2-norm's gradient is 0, not v / 0)
+  for (DType dt : kFloats)
+    for (double pv : {0.0, 1.0, 2.0})
+      for (bool sw : {false, true}) {
+        Spec s;
+        s.kind = LossKind::triplet_margin, s.dt = dt, s.p = pv, s.swap = sw, s.shape = {5, 37};
+        s.red = Reduction::none, s.seed = ++k, s.margin = pv == 0.0 ? 40.0 : 2.0;
+        s.name = "triplet_vector_p" + std::to_string(static_cast<int>(pv)) + (sw ? "_swap_" : "_") + nm(dt);
+        v.push_back(s);
+      }
+  for (DType dt : kFloats) {
+    Spec s;
+    s.kind = LossKind::triplet_margin, s.dt = dt, s.p = 2, s.eps = 0, s.shape = {4, 37}, s.seed = ++k;
+    s.red = Reduction::none, s.name = "triplet_vector_zero_norms_" + nm(dt);
+    s.edit = [](Rng&, std::int64_t R, std::int64_t D, Data& d) {
+      for (std::int64_t i = 0; i < R * D; ++i) d.x[1][i] = d.x[0][i], d.x[2][i] = (i < D) ? d.x[0][i] : d.x[2][i];
+    };
+    v.push_back(s);
+  }
   // cosine: zero vectors, NaN targets, both inputs the same
   for (DType dt : kFloats) {
     Spec s;
