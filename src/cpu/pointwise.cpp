@@ -265,8 +265,15 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       }
       return;
     }
+    // x in [0, 1] for float32: its bits, unsigned, are at most those of 1.0f; NaN and negatives are above (so is
+    // -0, a valid input: the flag is conservative, and core's exact scan has the last word). One max per vector.
+    constexpr bool kBitsCheck = kLossCheck<Loss> == core::PwCheck::x_unit_interval && sizeof(Acc) == 4;
+    const hn::RebindToUnsigned<D> du;
+    auto max_bits = hn::Zero(du);
     auto step = [&](V xv, V yv, V zv) {
-      if constexpr (kLossCheck<Loss> == core::PwCheck::x_unit_interval) {
+      if constexpr (kBitsCheck) {
+        max_bits = hn::Max(max_bits, hn::BitCast(du, xv));
+      } else if constexpr (kLossCheck<Loss> == core::PwCheck::x_unit_interval) {
         bad = hn::Or(bad, hn::Not(hn::And(hn::Ge(xv, hn::Zero(d)), hn::Le(xv, hn::Set(d, Acc(1))))));
       } else if constexpr (kLossCheck<Loss> == core::PwCheck::z_nonnegative) {
         bad = hn::Or(bad, hn::Lt(zv, hn::Zero(d)));
@@ -278,7 +285,6 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       // A sum does not care which lane holds which element: 2N bfloat16 values load as N 32-bit words, whose low
       // halves (shifted up) are the even elements and whose high halves (masked) the odd ones, as floats. Two
       // operations per two vectors instead of a widening shuffle and a shift per vector.
-      const hn::RebindToUnsigned<D> du;
       auto load2 = [&](const T* src, V& even, V& odd) {
         const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(src));
         even = hn::BitCast(d, hn::ShiftLeft<16>(w));
@@ -294,6 +300,7 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       }
     }
     for (; j < n; j += N) step(LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j));
+    if constexpr (kBitsCheck) bad = hn::Or(bad, hn::RebindMask(d, hn::Gt(max_bits, hn::Set(du, 0x3f800000u))));
     return;
   }
   const V gs = hn::Set(d, static_cast<Acc>(p.grad_scale));

@@ -699,6 +699,30 @@ TEST(PointwiseExtraErrors, BceInputOutOfRange) {
 
 // A reduced forward checks bce's input range and gaussian_nll's var inside its kernel (one pass): a bad element in
 // the vector body or in a tail, in any tile, is still reported with its position, and the loss is not written.
+// -0 is a valid bce input (-0 >= 0, as torch); the reduced forward's in-kernel check flags it conservatively and
+// core's exact scan must let it pass: log(-0) = -inf, clamped to -100.
+TEST(PointwiseExtraErrors, BceNegativeZeroInputIsValid) {
+  namespace lf = lossfuse;
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::int64_t n = 1000;
+    Tensor x = Tensor::make(t, {n}), y = Tensor::make(t, {n});
+    double want = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool nz = i == 3 || i == 500 || i == n - 1;
+      x.set(i, nz ? -0.0 : 0.25), y.set(i, 0.5);
+      want += nz ? 50.0 : -(0.5 * std::log(0.25) + 0.5 * std::log1p(-0.25));
+    }
+    EXPECT_TRUE(std::signbit(x.get(3)));
+    for (Reduction r : {Reduction::mean, Reduction::sum}) {
+      Tensor loss = Tensor::make(t == DType::f64 ? DType::f64 : DType::f32, {});
+      lf::bce_forward(x.view, y.view, {r, std::nullopt}, loss.view);
+      const double w = r == Reduction::mean ? want / static_cast<double>(n) : want;
+      EXPECT_NEAR(loss.get(0), w, std::fabs(w) * 1e-5);
+    }
+  }
+}
+
 TEST(PointwiseExtraErrors, ReducedForwardChecksInKernel) {
   namespace lf = lossfuse;
   for (DType t : {DType::f32, DType::bf16, DType::f64}) {
