@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 #include <set>
 #include <string>
 
@@ -94,9 +95,10 @@ namespace {
 // Large outputs (a gradient the size of the logits) are written once, right after they are allocated. torch's
 // CPU allocator (glibc's malloc) often maps such blocks afresh, and with 4 KiB pages the first write faults every
 // page: for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. So outputs of at
-// least kOwnBlock bytes get their own mapping, and the last one freed is kept, still mapped and resident, for the
-// next allocation of the same rounded size (a training loop asks for the same gradient every step): no fault at
-// all then. At most one block is held; lossfuse.empty_cache() (the op _empty_cache) unmaps it. Blocks of at least
+// least kOwnBlock bytes get their own mapping, and the last kKeptBlocks freed are kept, still mapped and resident,
+// for the next allocations of the same rounded sizes (a training loop asks for the same gradients every step: dx,
+// dW and db of a fused linear loss are three blocks): no fault at all then. A freed block beyond kKeptBlocks unmaps
+// the one held longest; lossfuse.empty_cache() (the op _empty_cache) unmaps them all. Blocks of at least
 // kHugeBlock bytes are also placed on a 2 MiB boundary and advised as transparent huge pages
 // (madvise(MADV_HUGEPAGE)): a fresh one costs one fault per 2 MiB where the kernel gives huge pages. (Keeping the
 // block matters on virtual machines that hand free memory back to the host, free page reporting: a fresh huge
@@ -108,6 +110,7 @@ constexpr std::size_t kPage = std::size_t{4} << 10;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kOwnBlock = std::size_t{1} << 20;
 constexpr std::size_t kHugeBlock = std::size_t{32} << 20;
+constexpr std::size_t kKeptBlocks = 4;
 
 struct Mapping {
   void* base;
@@ -134,17 +137,22 @@ class LargeBlockAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-  // Unmaps the block held for reuse, if any.
-  void empty_cache() { unmap(take(0)); }
+  // Unmaps the blocks held for reuse.
+  void empty_cache() {
+    while (Mapping* m = take(0)) unmap(m);
+  }
 
  private:
-  // The held block when its length is `length` (any length for 0), else nullptr.
+  // A held block of `length` bytes (any held block for 0), taken out of the held list, else nullptr.
   Mapping* take(std::size_t length) {
     const std::lock_guard<std::mutex> lock(mu_);
-    Mapping* m = kept_;
-    if (m == nullptr || (length != 0 && m->length != length)) return nullptr;
-    kept_ = nullptr;
-    return m;
+    for (std::size_t i = 0; i < kept_.size(); ++i) {
+      Mapping* m = kept_[i];
+      if (length != 0 && m->length != length) continue;
+      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+      return m;
+    }
+    return nullptr;
   }
   static Mapping* map(std::size_t length, bool huge) {
     auto m = std::make_unique<Mapping>(Mapping{nullptr, length});
@@ -171,13 +179,13 @@ class LargeBlockAllocator final : public c10::Allocator {
     ::munmap(m->base, m->length);
     delete m;
   }
-  // The DataPtr's deleter: the block becomes the held one (the one held before is unmapped).
+  // The DataPtr's deleter: the block joins the held ones (the one held longest is unmapped when there are too many).
   static void release(void* ctx);
 
   const bool huge_pages_ = env_on("LOSSFUSE_HUGE_PAGES");
   const bool keep_ = env_on("LOSSFUSE_KEEP_BLOCK");
   std::mutex mu_;
-  Mapping* kept_ = nullptr;
+  std::vector<Mapping*> kept_;  // oldest first, at most kKeptBlocks
 };
 
 // Never destroyed: tensors may be freed after static destructors have run.
@@ -196,8 +204,11 @@ void LargeBlockAllocator::release(void* ctx) {
   Mapping* old = nullptr;
   {
     const std::lock_guard<std::mutex> lock(a.mu_);
-    old = a.kept_;
-    a.kept_ = m;
+    if (a.kept_.size() == kKeptBlocks) {
+      old = a.kept_.front();
+      a.kept_.erase(a.kept_.begin());
+    }
+    a.kept_.push_back(m);
   }
   unmap(old);
 }

@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 
 
 def empty_cache():
-    """Unmaps the output block lossfuse keeps for reuse (the last freed gradient of 1 MiB or more; at most one), as
+    """Unmaps the output blocks lossfuse keeps for reuse (the last freed gradients of 1 MiB or more; at most four), as
     torch.cuda.empty_cache() does for torch's CUDA cache. LOSSFUSE_KEEP_BLOCK=0 keeps none."""
     _torch.ops.lossfuse._empty_cache()

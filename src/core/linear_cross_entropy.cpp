@@ -17,6 +17,7 @@
 #include "core/class_problem.hpp"
 #include "core/row_index.hpp"
 #include "core/targets.hpp"
+#include "cpu/linear_tile_kernels.hpp"
 #include "cpu/scalar_io.hpp"
 #include "lossfuse/gemm.hpp"
 #include "lossfuse/parallel.hpp"
@@ -299,6 +300,11 @@ class Runner {
     wy_.resize(rows);
     state_.resize(rows);
     live_.resize(rows);
+    weighted_ = !wts.empty();
+    if (kVec) {
+      for (auto* a : {&row_max_, &row_shift_, &row_sum_, &row_qa_, &row_wb_, &row_ty_}) a->resize(rows);
+      row_col_.resize(rows);
+    }
   }
 
   // Targets of rows [r0, r0 + rc): y_ (ignore_index for ignored rows) and w_y.
@@ -318,12 +324,25 @@ class Runner {
     std::fill(state_.begin(), state_.begin() + rc, math::TileRowState<Acc>{});
     for (std::int64_t t = 0; t < tiles_; ++t) {
       const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
-      make_logits(r0, rc, v0, vn);
-      with_cap(xf_.softcap > 0, [&](auto cap) {
+      make_logits(r0, rc, v0, vn, !kVec);
+      if constexpr (kVec) {
         parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) fold_tile_row<decltype(cap)::value>(i, v0, vn, t == 0);
+          const cpu::LceTile tile = tile_view(v0, vn);
+          cpu::lce_tile_transform_max(tile, i0, i1, row_max_.data());
+          for (std::int64_t i = i0; i < i1; ++i) {
+            row_shift_[i] = math::tile_shift(row_max_[i]);
+            if (t == 0) state_[i].ref = row_shift_[i];
+          }
+          cpu::lce_tile_sum_exp(tile, i0, i1, row_shift_.data(), row_sum_.data());
+          for (std::int64_t i = i0; i < i1; ++i) fold_tile_sums(i, v0, vn, row_max_[i], row_sum_[i]);
         });
-      });
+      } else {
+        with_cap(xf_.softcap > 0, [&](auto cap) {
+          parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+            for (std::int64_t i = i0; i < i1; ++i) fold_tile_row<decltype(cap)::value>(i, v0, vn, t == 0);
+          });
+        });
+      }
     }
     for (std::int64_t i = 0; i < rc; ++i) {
       const math::CeRowResult<Acc> res = math::tile_row_finish(rp_, state_[i], ignored(y_[i]), wy_[i]);
@@ -349,6 +368,14 @@ class Runner {
     // The tile's sums in double: one rounding for s however wide the tile.
     double s = 0;
     for (std::int64_t j = 0; j < vn; ++j) s += static_cast<double>(std::exp(z[j] - shift));
+    fold_tile_sums(i, v0, vn, m, static_cast<Acc>(s));
+  }
+
+  // Row i of the tile [v0, v0 + vn), z in logits_ with max m and s = sum exp(z - tile_shift(m)): the smoothing sum
+  // and the target's z taken, then all folded into the row's state (its ref already set).
+  void fold_tile_sums(std::int64_t i, std::int64_t v0, std::int64_t vn, Acc m, Acc s) {
+    const Acc* z = logits_.get() + i * vn;
+    math::TileRowState<Acc>& st = state_[i];
     double swz = 0;
     if (rp_.eps != Acc(0)) {
       const Acc* w = wc_.data() + v0;
@@ -356,7 +383,22 @@ class Runner {
     }
     const std::int64_t y = y_[i];
     if (y >= v0 && y < v0 + vn) st.z_y = z[y - v0];
-    math::tile_fold(st, m, static_cast<Acc>(s), swz);
+    math::tile_fold(st, m, s, swz);
+  }
+
+  // The tile [v0, v0 + vn) of logits_ for the vector row kernels (float32 only).
+  cpu::LceTile tile_view(std::int64_t v0, std::int64_t vn) {
+    cpu::LceTile t;
+    if constexpr (kVec) {
+      t.z = logits_.get();
+      t.n = vn;
+      t.ld = vn;
+      t.bias = bias_.empty() ? nullptr : bias_.data() + v0;
+      t.scale = xf_.scale;
+      t.softcap = xf_.softcap;
+      t.inv_softcap = xf_.inv_softcap;
+    }
+    return t;
   }
 
   // Tiled backward of rows [r0, r0 + rc) from their lse: per tile, logits recomputed, turned into their gradient
@@ -374,15 +416,60 @@ class Runner {
   // logits_. False when that gradient is zero in every row (its products can be skipped).
   bool grad_tile(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, const Acc* lse_rows,
                  const Acc* scale) {
-    make_logits(r0, rc, v0, vn);
-    with_cap(xf_.softcap > 0, [&](auto cap) {
+    make_logits(r0, rc, v0, vn, !kVec);
+    if constexpr (kVec) {
       parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          live_[i] = grad_tile_row<decltype(cap)::value>(i, v0, vn, lse_rows[r0 + i], scale[r0 + i]);
-        }
+        grad_tile_rows_vec(i0, i1, v0, vn, lse_rows + r0, scale + r0);
       });
-    });
+    } else {
+      with_cap(xf_.softcap > 0, [&](auto cap) {
+        parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) {
+            live_[i] = grad_tile_row<decltype(cap)::value>(i, v0, vn, lse_rows[r0 + i], scale[r0 + i]);
+          }
+        });
+      });
+    }
     return std::find(live_.begin(), live_.begin() + rc, char(1)) != live_.begin() + rc;
+  }
+
+  // Rows [i0, i1) of the tile [v0, v0 + vn) in logits_ (the GEMM's products, no bias yet) become d loss / d logits
+  // by the vector kernels, as grad_tile_row does one row; lse and g: the chunk's rows. With the gradient filter the
+  // tile's z and row maxima come first. Rows with a NaN lse or an ignored target are then set whole (NaN, 0).
+  void grad_tile_rows_vec(std::int64_t i0, std::int64_t i1, std::int64_t v0, std::int64_t vn, const Acc* lse,
+                          const Acc* g) {
+    if constexpr (kVec) {
+      const cpu::LceTile tile = tile_view(v0, vn);
+      const bool filter = filter_ > Acc(0);
+      if (filter) cpu::lce_tile_transform_max(tile, i0, i1, row_max_.data());
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const std::int64_t y = y_[i];
+        row_col_[i] = y - v0;
+        if (std::isnan(lse[i]) || ignored(y)) {
+          row_qa_[i] = row_wb_[i] = row_ty_[i] = Acc(0);
+          live_[i] = std::isnan(lse[i]) ? 1 : 0;
+          continue;
+        }
+        const bool keep = !filter || math::grad_filter_keeps(row_max_[i], lse[i], filter_);
+        const math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse[i], wy_[i], g[i], keep);
+        row_qa_[i] = k.qa, row_wb_[i] = k.wb, row_ty_[i] = k.ty;
+        live_[i] = keep || rp_.eps_over_c != Acc(0) || (y >= v0 && y < v0 + vn) ? 1 : 0;
+      }
+      cpu::LceTileGradRows rows;
+      rows.lse = lse;
+      rows.qa = row_qa_.data();
+      rows.wb = row_wb_.data();
+      rows.ty = row_ty_.data();
+      rows.target_col = row_col_.data();
+      rows.class_weight = weighted_ ? wc_.data() + v0 : nullptr;
+      rows.transformed = filter;
+      cpu::lce_tile_grad(tile, rows, i0, i1);
+      for (std::int64_t i = i0; i < i1; ++i) {
+        if (!std::isnan(lse[i]) && !ignored(y_[i])) continue;
+        Acc* z = logits_.get() + i * vn;
+        std::fill(z, z + vn, std::isnan(lse[i]) ? std::numeric_limits<Acc>::quiet_NaN() : Acc(0));
+      }
+    }
   }
 
   // Tiled with a dW accumulator: the forward chunk by chunk (every row's lse), then the backward tile-major, so
@@ -453,9 +540,10 @@ class Runner {
     return keep || rp_.eps_over_c != Acc(0) || (yj >= 0 && yj < vn) ? 1 : 0;
   }
 
-  // logits_ (rc x vn) = rows [r0, r0 + rc) of x times rows [v0, v0 + vn) of W, transposed, plus the bias: one GEMM
-  // per block of kLogitBlock columns, each block's bias added while it is in cache.
-  void make_logits(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn) {
+  // logits_ (rc x vn) = rows [r0, r0 + rc) of x times rows [v0, v0 + vn) of W, transposed, plus the bias (unless
+  // add_bias is false: the vector row kernels add it): one GEMM per block of kLogitBlock columns, each block's bias
+  // added while it is in cache.
+  void make_logits(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, bool add_bias = true) {
     if (rc == 0 || vn == 0) return;
     Acc* L = logits_.get();
     if (p_.H == 0) std::fill(L, L + rc * vn, Acc(0));
@@ -476,7 +564,7 @@ class Runner {
         c.ldc = vn;
         gemm_or_throw(c);
       }
-      if (bias_.empty()) continue;
+      if (bias_.empty() || !add_bias) continue;
       const Acc* bias = bias_.data() + v0 + j0;
       parallel_for(0, rc, row_grain(jn), [&](std::int64_t i0, std::int64_t i1) {
         for (std::int64_t i = i0; i < i1; ++i) {
@@ -638,6 +726,12 @@ class Runner {
   std::vector<std::int64_t> y_;
   std::vector<math::TileRowState<Acc>> state_;
   std::vector<char> live_;  // per row of the current tile: its gradient may be nonzero
+  bool weighted_ = false;   // class weights given (else wc_ is all 1)
+  // float32 tiles (the vector row kernels): per row of the chunk, the tile's max, shift and sum of exps, and the
+  // gradient's coefficients and target column.
+  static constexpr bool kVec = std::is_same_v<Acc, float>;
+  std::vector<Acc> row_max_, row_shift_, row_sum_, row_qa_, row_wb_, row_ty_;
+  std::vector<std::int64_t> row_col_;
 };
 
 // The 'mean' denominator (sum of w_y over non-ignored rows) after checking every target.
