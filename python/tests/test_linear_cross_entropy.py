@@ -40,8 +40,8 @@ def reference(x, w, b, t, reduction, cw=None, label_smoothing=0.0, softcap=0.0, 
     return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
 
 
-def compare(dtype, reduction, strategy, chunk_rows, bias=True, **opts):
-    x, w, b, t = make(29, 16, 203, dtype, seed=hash((str(dtype), reduction, strategy, chunk_rows)) % 1000)
+def compare(dtype, reduction, strategy, chunk_rows, bias=True, classes=203, **opts):
+    x, w, b, t = make(29, 16, classes, dtype, seed=hash((str(dtype), reduction, strategy, chunk_rows)) % 1000)
     b = b if bias else None
     leaves = [x.requires_grad_(), w.requires_grad_()] + ([b.requires_grad_()] if bias else [])
     ours = LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, strategy=strategy,
@@ -68,6 +68,13 @@ def compare(dtype, reduction, strategy, chunk_rows, bias=True, **opts):
 @pytest.mark.parametrize("vocab_tile", [0, 64])
 def test_matches_cross_entropy_of_linear(dtype, reduction, strategy, chunk_rows, vocab_tile):
     compare(dtype, reduction, strategy, chunk_rows, vocab_tile=vocab_tile)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("vocab_tile", [0, 1500])
+def test_wide_vocabulary(dtype, vocab_tile):
+    # V = 2600: the binding's GEMM makes a chunk's float32 / float64 logits in column blocks (5 x 512 + 40).
+    compare(dtype, "mean", "auto", 4, classes=2600, vocab_tile=vocab_tile)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

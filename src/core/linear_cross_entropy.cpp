@@ -194,12 +194,6 @@ void with_cap(bool cap, F&& f) {
   }
 }
 
-// Columns of W per logits GEMM. A chunk has few rows, and one GEMM over the whole vocabulary then runs far below
-// the rate of the same products in blocks whose rows of W stay in the last-level cache (torch's MKL on Zen 4, 2
-// threads, float32, H = 2304, V = 64000: 128 rows 87-112 GFLOP/s in one call, 159-166 in blocks of 256-768 columns;
-// 256 rows 142 against 169).
-constexpr std::int64_t kLogitBlock = 512;
-
 // Rows of a chunk per parallel task in the element loops: about 16K elements each.
 std::int64_t row_grain(std::int64_t cols) { return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)); }
 
@@ -541,38 +535,35 @@ class Runner {
   }
 
   // logits_ (rc x vn) = rows [r0, r0 + rc) of x times rows [v0, v0 + vn) of W, transposed, plus the bias (unless
-  // add_bias is false: the vector row kernels add it): one GEMM per block of kLogitBlock columns, each block's bias
-  // added while it is in cache.
+  // add_bias is false: the vector row kernels add it).
   void make_logits(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, bool add_bias = true) {
     if (rc == 0 || vn == 0) return;
     Acc* L = logits_.get();
-    if (p_.H == 0) std::fill(L, L + rc * vn, Acc(0));
-    for (std::int64_t j0 = 0; j0 < vn; j0 += kLogitBlock) {
-      const std::int64_t jn = std::min(kLogitBlock, vn - j0);
-      if (p_.H > 0) {
-        GemmCall c;
-        c.ab_dtype = p_.dt;
-        c.trans_b = true;
-        c.m = rc;
-        c.n = jn;
-        c.k = p_.H;
-        c.a = sub_rows(x_, r0, rc).data;
-        c.lda = x_.strides[0];
-        c.b = sub_rows(w_, v0 + j0, jn).data;
-        c.ldb = w_.strides[0];
-        c.c = L + j0;
-        c.ldc = vn;
-        gemm_or_throw(c);
-      }
-      if (bias_.empty() || !add_bias) continue;
-      const Acc* bias = bias_.data() + v0 + j0;
-      parallel_for(0, rc, row_grain(jn), [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-          Acc* row = L + i * vn + j0;
-          for (std::int64_t j = 0; j < jn; ++j) row[j] += bias[j];
-        }
-      });
+    if (p_.H == 0) {
+      std::fill(L, L + rc * vn, Acc(0));
+    } else {
+      GemmCall c;
+      c.ab_dtype = p_.dt;
+      c.trans_b = true;
+      c.m = rc;
+      c.n = vn;
+      c.k = p_.H;
+      c.a = sub_rows(x_, r0, rc).data;
+      c.lda = x_.strides[0];
+      c.b = sub_rows(w_, v0, vn).data;
+      c.ldb = w_.strides[0];
+      c.c = L;
+      c.ldc = vn;
+      gemm_or_throw(c);
     }
+    if (bias_.empty() || !add_bias) return;
+    const Acc* bias = bias_.data() + v0;
+    parallel_for(0, rc, row_grain(vn), [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        Acc* row = L + i * vn;
+        for (std::int64_t j = 0; j < vn; ++j) row[j] += bias[j];
+      }
+    });
   }
 
   // logits_ now holds d loss / d logits for rows [r0, r0 + rc) and classes [v0, v0 + vn) (tile number `tile`):
