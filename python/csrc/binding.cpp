@@ -7,14 +7,15 @@
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "lossfuse/parallel.hpp"
 
@@ -97,8 +98,9 @@ namespace {
 // page: for a 4096 x 32000 float32 gradient that costs several times the loss kernel itself. So outputs of at
 // least kOwnBlock bytes get their own mapping, and the last kKeptBlocks freed are kept, still mapped and resident,
 // for the next allocations of the same rounded sizes (a training loop asks for the same gradients every step: dx,
-// dW and db of a fused linear loss are three blocks): no fault at all then. A freed block beyond kKeptBlocks unmaps
-// the one held longest; lossfuse.empty_cache() (the op _empty_cache) unmaps them all. Blocks of at least
+// dW and db of a fused linear loss are three blocks): no fault at all then. A freed block unmaps those held longest
+// while more than kKeptBlocks, or more than one holding over kKeptBytes in all, are held (the newest one is kept
+// whatever its size); lossfuse.empty_cache() (the op _empty_cache) unmaps them all. Blocks of at least
 // kHugeBlock bytes are also placed on a 2 MiB boundary and advised as transparent huge pages
 // (madvise(MADV_HUGEPAGE)): a fresh one costs one fault per 2 MiB where the kernel gives huge pages. (Keeping the
 // block matters on virtual machines that hand free memory back to the host, free page reporting: a fresh huge
@@ -111,6 +113,7 @@ constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kOwnBlock = std::size_t{1} << 20;
 constexpr std::size_t kHugeBlock = std::size_t{32} << 20;
 constexpr std::size_t kKeptBlocks = 4;
+constexpr std::size_t kKeptBytes = std::size_t{4} << 30;
 
 struct Mapping {
   void* base;
@@ -124,6 +127,7 @@ bool env_on(const char* name) {
 
 class LargeBlockAllocator final : public c10::Allocator {
  public:
+  LargeBlockAllocator() { kept_.reserve(kKeptBlocks + 1); }  // the deleter never grows it
   c10::DataPtr allocate(std::size_t n) override {
     const bool huge = huge_pages_ && n >= kHugeBlock;
     if (n < kOwnBlock || !(keep_ || huge)) return c10::GetCPUAllocator()->allocate(n);
@@ -179,13 +183,13 @@ class LargeBlockAllocator final : public c10::Allocator {
     ::munmap(m->base, m->length);
     delete m;
   }
-  // The DataPtr's deleter: the block joins the held ones (the one held longest is unmapped when there are too many).
+  // The DataPtr's deleter: the block joins the held ones (those held longest are unmapped when there are too many).
   static void release(void* ctx);
 
   const bool huge_pages_ = env_on("LOSSFUSE_HUGE_PAGES");
   const bool keep_ = env_on("LOSSFUSE_KEEP_BLOCK");
   std::mutex mu_;
-  std::vector<Mapping*> kept_;  // oldest first, at most kKeptBlocks
+  std::vector<Mapping*> kept_;  // oldest first
 };
 
 // Never destroyed: tensors may be freed after static destructors have run.
@@ -201,16 +205,20 @@ void LargeBlockAllocator::release(void* ctx) {
     unmap(m);
     return;
   }
-  Mapping* old = nullptr;
+  std::array<Mapping*, kKeptBlocks + 1> old{};  // no allocation in a deleter
+  std::size_t evicted = 0;
   {
     const std::lock_guard<std::mutex> lock(a.mu_);
-    if (a.kept_.size() == kKeptBlocks) {
-      old = a.kept_.front();
+    a.kept_.push_back(m);
+    std::size_t bytes = 0;
+    for (const Mapping* k : a.kept_) bytes += k->length;
+    while (a.kept_.size() > kKeptBlocks || (a.kept_.size() > 1 && bytes > kKeptBytes)) {
+      bytes -= a.kept_.front()->length;
+      old[evicted++] = a.kept_.front();
       a.kept_.erase(a.kept_.begin());
     }
-    a.kept_.push_back(m);
   }
-  unmap(old);
+  for (std::size_t i = 0; i < evicted; ++i) unmap(old[i]);
 }
 
 at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {

@@ -363,6 +363,17 @@ for rep in range(2):
     torch.testing.assert_close(ga, refs, rtol=1e-5, atol=1e-7)
     del ga, gb
 reused = reused and faults < 100
+# Four blocks are held: five sizes freed in turn evict the first, which faults again; the last does not.
+xv = [(torch.randn(64, 5000 + 500 * i) * 2).requires_grad_() for i in range(5)]
+tv = [torch.randint(0, 5000, (64,)) for _ in range(5)]
+gv = [torch.autograd.grad(LF.cross_entropy(a, b, reduction='sum'), a)[0] for a, b in zip(xv, tv)]
+for i in range(5):
+    gv[i] = None  # freed in order 0..4
+def faults_of(i):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    g = torch.autograd.grad(LF.cross_entropy(xv[i], tv[i], reduction='sum'), xv[i])[0]
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+reused = reused and faults_of(4) < 100 and faults_of(0) > 200
 print(aligned, reused)
 """
     env_vars = dict(os.environ)

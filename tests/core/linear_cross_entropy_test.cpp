@@ -227,7 +227,7 @@ std::vector<Case> cases() {
         Case ign = big;
         ign.all_ignored = true, ign.N = 6, ign.chunk = 4;
         v.push_back(ign);
-        // A wider vocabulary: V = 1100 (2 x 512 + 76), tiles of 700 (then 400).
+        // A wider vocabulary: V = 1100, whole rows or tiles of 700 and 400 (the vector row kernels' tails).
         Case wide;
         wide.dt = t, wide.red = r, wide.N = 9, wide.H = 16, wide.V = 1100, wide.chunk = 4, wide.tile = tile ? 700 : 0;
         v.push_back(wide);
