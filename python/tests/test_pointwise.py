@@ -5,6 +5,7 @@ torch.compile."""
 
 import math
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -160,7 +161,8 @@ def check_against_torch(name, opts, reduction, tensors, dtype, diff=None):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name,opts,reduction", CASES_AND_REDUCTIONS, ids=case_id)
 def test_against_torch(name, opts, reduction, dtype):
-    gen = torch.Generator().manual_seed(hash((name, case_id(opts), reduction)) % 2**31)
+    # A seed per case that is the same in every run (hash() of strings is not).
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((name, case_id(opts), reduction)).encode()))
     tensors = make_tensors(name, opts, (6, 9), dtype, gen)
     check_against_torch(name, opts, reduction, tensors, dtype)
 
