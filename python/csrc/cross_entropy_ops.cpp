@@ -1,6 +1,10 @@
 // Cross-entropy and NLL as torch ops. The forward can write the gradient in the same pass (compute_grad), so a
 // training step reads the logits once; the backward from the saved log-sum-exp serves reduction 'none' and
 // calls that did not ask for the gradient up front.
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
 #include <vector>
 
 #include "binding.hpp"
@@ -54,8 +58,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cross_entropy(
 
 at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logits, const at::Tensor& target,
                                   const at::Tensor& lse, const std::optional<at::Tensor>& weight, std::int64_t red,
-                                  std::int64_t ignore_index, double label_smoothing, double logit_scale,
-                                  double softcap, double z_loss_scale) {
+                                  std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
+                                  double z_loss_scale) {
   at::Tensor grad = new_grad(logits, true);
   guarded([&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
@@ -63,6 +67,80 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
                            view(grad_loss, "grad_output"), o, view(grad, "grad_input"));
   });
   return grad;
+}
+
+// The eager training step's cross-entropy: the forward writes the gradient (upstream gradient 1), and the
+// backward, a C++ autograd node, hands it over after scaling it to the upstream gradient in place. Python's
+// cross_entropy takes this road only for plain eager calls with class-index targets and reduction mean or sum
+// (nothing tracing, no tensor subclass): it saves the tens of microseconds of a Python autograd.Function per
+// step. Everything else, torch.compile included, goes through lossfuse::cross_entropy and its autograd
+// registered from Python. A backward that must itself be differentiable (create_graph=True) recomputes the loss
+// through that op and differentiates it, as the Python path does.
+struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                                std::int64_t red, std::int64_t ignore_index, double label_smoothing,
+                                                double logit_scale, double softcap, double z_loss_scale) {
+    TORCH_CHECK(red == 1 || red == 2, "lossfuse: _cross_entropy_eager: expected reduction 1 (mean) or 2 (sum), got ",
+                red);
+    auto [loss, lse, z_loss, grad] = cross_entropy(logits, target, weight, red, ignore_index, label_smoothing,
+                                                   logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
+    ctx->mark_non_differentiable({lse, z_loss});
+    ctx->set_materialize_grads(false);
+    // The gradient is not saved through save_for_backward: backward rescales it in place (a saved variable would
+    // fail its version check), and `applied` is the upstream gradient it holds, so a retained graph's second
+    // backward stays right.
+    ctx->saved_data["grad"] = grad;
+    ctx->saved_data["applied"] = 1.0;
+    ctx->saved_data["args"] = c10::List<double>({static_cast<double>(red), static_cast<double>(ignore_index),
+                                                 label_smoothing, logit_scale, softcap, z_loss_scale});
+    ctx->save_for_backward({logits, target, weight.has_value() ? *weight : at::Tensor()});
+    // in the input's dtype, as torch returns it (no separate conversion node in the graph)
+    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type()), lse, z_loss};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(9);
+    const at::Tensor& grad_loss = grads[0];
+    if (!grad_loss.defined()) return out;  // only lse or z_loss was used: they have no gradient
+    if (at::GradMode::is_enabled()) {      // create_graph=True: a differentiable gradient
+      const auto saved = ctx->get_saved_variables();
+      const auto a = ctx->saved_data["args"].toDoubleList();
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("lossfuse::cross_entropy", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                     const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                     std::int64_t, std::int64_t, double, double, double, double, bool)>();
+      const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
+      const at::Tensor loss = std::get<0>(op.call(saved[0], saved[1], weight, static_cast<std::int64_t>(a[0]),
+                                                  static_cast<std::int64_t>(a[1]), a[2], a[3], a[4], a[5], false));
+      out[0] = torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
+                                     /*create_graph=*/true)[0];
+      return out;
+    }
+    at::Tensor grad = ctx->saved_data["grad"].toTensor();
+    const double was = ctx->saved_data["applied"].toDouble();
+    const double want = grad_loss.item<double>();
+    if (want != was) {
+      TORCH_CHECK(was != 0.0 && std::isfinite(was), "lossfuse: cross_entropy: a gradient already scaled by ", was,
+                  " cannot be rescaled; run backward through this loss once");
+      grad.mul_(want / was);
+      ctx->saved_data["applied"] = want;
+    }
+    out[0] = grad;
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager(const at::Tensor& logits, const at::Tensor& target,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   std::int64_t red, std::int64_t ignore_index,
+                                                                   double label_smoothing, double logit_scale,
+                                                                   double softcap, double z_loss_scale) {
+  auto out = CrossEntropyEager::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale, softcap,
+                                      z_loss_scale);
+  return {out[0], out[1], out[2]};
 }
 
 NllOptions nll_options(const std::optional<at::Tensor>& weight, std::int64_t red, std::int64_t ignore_index) {
@@ -105,6 +183,11 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "cross_entropy_backward(Tensor grad_output, Tensor input, Tensor target, Tensor lse, Tensor? weight, "
       "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, "
       "float z_loss_scale) -> Tensor");
+  // Internal: the eager fast path of lossfuse.nn.functional.cross_entropy (see CrossEntropyEager); not traceable.
+  m.def(
+      "_cross_entropy_eager(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index, "
+      "float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
+      "-> (Tensor loss, Tensor lse, Tensor z_loss)");
   m.def("nll_loss(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index) -> Tensor");
   m.def(
       "nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
@@ -117,4 +200,8 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
   m.impl("cross_entropy_backward", &cross_entropy_backward);
   m.impl("nll_loss", &nll_loss);
   m.impl("nll_loss_backward", &nll_loss_backward);
+}
+
+TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
+  m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager);
 }

@@ -3,9 +3,10 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
+from ._common import _plain_eager, acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
+_cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
 # torch's own functions, captured before patch_torch() can replace them: the double-backward path uses them.
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 _torch_nll_loss = torch.nn.functional.nll_loss
@@ -198,9 +199,14 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     """
     red = reduction_code(reduction, size_average, reduce)
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
-    loss, lse, z_loss, _ = _ops.cross_entropy(input, target, weight, red, int(ignore_index), float(label_smoothing),
-                                              float(logit_scale), float(softcap), float(z_loss_scale),
-                                              compute_grad)
+    args = (input, target, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
+            float(softcap), float(z_loss_scale))
+    if compute_grad and isinstance(target, torch.Tensor) and not target.is_floating_point() and _plain_eager(args):
+        # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
+        # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's
+        loss, lse, z_loss = _cross_entropy_eager(*args)
+    else:
+        loss, lse, z_loss, _ = _ops.cross_entropy(*args, compute_grad)
     out = (to_input_dtype(loss, input),)
     if return_lse:
         out += (lse,)
