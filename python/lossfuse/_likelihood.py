@@ -201,6 +201,21 @@ def _kernel_dtype(result, tensors):
     return dtype
 
 
+def _sum_broadcast_grads_in_float32(kernel_dtype, tensors, shape):
+    """float32 instead of a 16-bit kernel dtype when an operand that needs a gradient is broadcast: its gradient is
+    a sum over the broadcast dims, and the terms of such a sum can cancel (gaussian_nll's var gradient,
+    (1 - (x - y)^2 / v) / 2v, changes sign). Summed from float32 terms and rounded once, it is exact to the 16-bit
+    dtype's rounding; summed from terms each rounded to 16 bits (torch's way, and the kernel's output in the 16-bit
+    dtype), it can be off by many units of the result. The loss and the other gradients are the same either way
+    (the kernel computes in float32 and rounds once); the cost is float32 copies of the operands."""
+    if kernel_dtype not in (torch.float16, torch.bfloat16) or not torch.is_grad_enabled():
+        return kernel_dtype
+    shape = tuple(shape)
+    if any(t is not None and t.requires_grad and tuple(t.shape) != shape for t in tensors):
+        return torch.float32
+    return kernel_dtype
+
+
 def _prepare(tensors, dtype, shape):
     """Operands cast to `dtype` and expanded to `shape` (views: broadcast operands get stride 0); None stays."""
     return [None if t is None else t.to(dtype).expand(shape) for t in tensors]
@@ -282,8 +297,9 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation.
         return _poisson_formula(input, target, log_input, full, eps, red)
     dtype = _promote(input, target)
-    kd = _kernel_dtype(dtype, (input, target))
-    x, t = _prepare((input, target), kd, _broadcast_shape("poisson_nll_loss", input=input, target=target))
+    shape = _broadcast_shape("poisson_nll_loss", input=input, target=target)
+    kd = _sum_broadcast_grads_in_float32(_kernel_dtype(dtype, (input, target)), (input, target), shape)
+    x, t = _prepare((input, target), kd, shape)
     (x, t), shape = _fit_dims([x, t])
     return _finish(_ops.poisson_nll_loss(x, t, log_input, full, eps, red), shape, red, dtype)
 
@@ -327,8 +343,9 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
             raise ValueError("var has negative entry/entries")
         return _gaussian_formula(input, target, var, full, eps, red)
     dtype = _promote(input, target, var)
-    kd = _kernel_dtype(dtype, operands)
-    x, t, v = _prepare(operands, kd, _broadcast_shape("gaussian_nll_loss", input=input, target=target, var=var))
+    shape = _broadcast_shape("gaussian_nll_loss", input=input, target=target, var=var)
+    kd = _sum_broadcast_grads_in_float32(_kernel_dtype(dtype, operands), operands, shape)
+    x, t, v = _prepare(operands, kd, shape)
     (x, t, v), shape = _fit_dims([x, t, v])
     return _finish(_ops.gaussian_nll_loss(x, t, v, full, eps, red), shape, red, dtype)
 
