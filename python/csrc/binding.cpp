@@ -272,7 +272,8 @@ namespace {
 
 // Brings a gradient computed with an upstream gradient of `applied` to one of `grad_output` (both one element),
 // in place, and records the new scale in `applied`. Costs nothing in the common case grad_output == applied
-// (a training step's loss.backward()), and stays right when a retained graph is run backward again.
+// (a training step's loss.backward()). The autograd of cross_entropy and linear_cross_entropy calls it on a
+// gradient made in the forward just before handing it over (once: a retained graph's next backward makes a new one).
 void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::Tensor& grad_output) {
   TORCH_CHECK(applied.numel() == 1 && grad_output.numel() == 1,
               "lossfuse: rescale_grad_: expected one-element scales, got ", applied.numel(), " and ",

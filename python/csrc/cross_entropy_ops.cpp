@@ -70,12 +70,14 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
 }
 
 // The eager training step's cross-entropy: the forward writes the gradient (upstream gradient 1), and the
-// backward, a C++ autograd node, hands it over after scaling it to the upstream gradient in place. Python's
+// backward, a C++ autograd node, hands it over once, scaled in place to the upstream gradient. Python's
 // cross_entropy takes this road only for plain eager calls with class-index targets and reduction mean or sum
 // (nothing tracing, no tensor subclass): it saves the tens of microseconds of a Python autograd.Function per
 // step. Everything else, torch.compile included, goes through lossfuse::cross_entropy and its autograd
-// registered from Python. A backward that must itself be differentiable (create_graph=True) recomputes the loss
-// through that op and differentiates it, as the Python path does.
+// registered from Python. A gradient handed over belongs to the caller (it may be accumulated into .grad or
+// changed in place), so a later backward through a retained graph computes a new one.
+// A backward that must itself be differentiable (create_graph=True) recomputes the loss through the registered op
+// and differentiates it, as the Python path does.
 struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
@@ -87,11 +89,9 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
                                                    logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
     ctx->mark_non_differentiable({lse, z_loss});
     ctx->set_materialize_grads(false);
-    // The gradient is not saved through save_for_backward: backward rescales it in place (a saved variable would
-    // fail its version check), and `applied` is the upstream gradient it holds, so a retained graph's second
-    // backward stays right.
+    // Not saved through save_for_backward: backward scales it in place (a saved variable would fail its version
+    // check) and then lets it go.
     ctx->saved_data["grad"] = grad;
-    ctx->saved_data["applied"] = 1.0;
     ctx->saved_data["args"] = c10::List<double>({static_cast<double>(red), static_cast<double>(ignore_index),
                                                  label_smoothing, logit_scale, softcap, z_loss_scale});
     ctx->save_for_backward({logits, target, weight.has_value() ? *weight : at::Tensor()});
@@ -104,31 +104,41 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
     torch::autograd::variable_list out(9);
     const at::Tensor& grad_loss = grads[0];
     if (!grad_loss.defined()) return out;  // only lse or z_loss was used: they have no gradient
-    if (at::GradMode::is_enabled()) {      // create_graph=True: a differentiable gradient
+    const auto a = ctx->saved_data["args"].toDoubleList();
+    const auto red = static_cast<std::int64_t>(a[0]);
+    const auto ignore_index = static_cast<std::int64_t>(a[1]);
+    if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable gradient
       const auto saved = ctx->get_saved_variables();
-      const auto a = ctx->saved_data["args"].toDoubleList();
       static const auto op = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("lossfuse::cross_entropy", "")
                                  .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                                      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                      std::int64_t, std::int64_t, double, double, double, double, bool)>();
       const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
-      const at::Tensor loss = std::get<0>(op.call(saved[0], saved[1], weight, static_cast<std::int64_t>(a[0]),
-                                                  static_cast<std::int64_t>(a[1]), a[2], a[3], a[4], a[5], false));
+      const at::Tensor loss =
+          std::get<0>(op.call(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], false));
       out[0] = torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
                                      /*create_graph=*/true)[0];
       return out;
     }
-    at::Tensor grad = ctx->saved_data["grad"].toTensor();
-    const double was = ctx->saved_data["applied"].toDouble();
-    const double want = grad_loss.item<double>();
-    if (want != was) {
-      TORCH_CHECK(was != 0.0 && std::isfinite(was), "lossfuse: cross_entropy: a gradient already scaled by ", was,
-                  " cannot be rescaled; run backward through this loss once");
-      grad.mul_(want / was);
-      ctx->saved_data["applied"] = want;
+    if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end()) {
+      // the first backward: the forward's gradient, handed over
+      at::Tensor grad = held->second.toTensor();
+      ctx->saved_data.erase(held);
+      const double scale = grad_loss.item<double>();
+      if (scale != 1.0) grad.mul_(scale);
+      out[0] = std::move(grad);
+      return out;
     }
-    out[0] = grad;
+    // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
+    // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
+    const auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
+    at::Tensor grad = std::get<3>(
+        cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));
+    const double scale = grad_loss.item<double>();
+    if (scale != 1.0) grad.mul_(scale);
+    out[0] = std::move(grad);
     return out;
   }
 };

@@ -71,8 +71,8 @@ def _ce_setup(ctx, inputs, output):
     ctx.compute_grad = compute_grad
     ctx.eager_grad = None
     if compute_grad and reduction != 0 and _is_eager(grad):
-        # Rescaled in place by backward (rescale_grad_), so kept outside save_for_backward's version check;
-        # `applied` remembers the scale already in it, so a retained graph's second backward stays right.
+        # Rescaled in place by the first backward (rescale_grad_) and handed over, so kept outside
+        # save_for_backward's version check.
         ctx.eager_grad = (grad, torch.ones((), dtype=loss.dtype, device=loss.device))
         grad = None
     ctx.save_for_backward(input, target, weight, lse, grad if compute_grad else None)
@@ -140,7 +140,15 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
         if ctx.eager_grad is not None:
+            # handed over once: the caller owns it from now on (it may land in .grad and change there)
             grad, applied = ctx.eager_grad
+            if grad is None:
+                # a retained graph's next backward: a new gradient from the same forward kernel, the same to the
+                # bit as the first (backward is reentrant, as gradcheck checks)
+                grad = torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
+                applied = torch.ones_like(applied)
+            else:
+                ctx.eager_grad = (None, applied)
             _ops.rescale_grad_(grad, applied, grad_loss)
             grad_input = grad
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')

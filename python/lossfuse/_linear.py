@@ -46,13 +46,14 @@ def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight = inputs[:5]
     ctx.args = tuple(inputs[5:15])  # reduction .. grad_filter
     ctx.precomputed = any(inputs[15])
+    ctx.grad_mask = inputs[15]
     loss, lse, z_loss, gx, gw, gb = output
     ctx.mark_non_differentiable(lse, z_loss, gx, gw, gb)
     ctx.set_materialize_grads(False)
     ctx.eager = None
     if ctx.precomputed and _is_eager(loss):
-        # Gradients made in the forward for an upstream gradient of 1, rescaled in place by backward (outside
-        # save_for_backward's version check; each remembers the scale already applied).
+        # Gradients made in the forward for an upstream gradient of 1, each rescaled in place by the backward that
+        # hands it over (so kept outside save_for_backward's version check).
         ctx.eager = [(g, torch.ones((), dtype=loss.dtype)) for g in (gx, gw, gb)]
         gx = gw = gb = None
     ctx.save_for_backward(input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb)
@@ -74,14 +75,28 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
         out = [next(grads) if w else None for w in wanted]
     elif ctx.precomputed:
         held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
+        again = [False, False, False]
         for i, (g, applied) in enumerate(held):
             if not wanted[i]:
                 continue
-            if applied is not None:
+            if applied is None:
+                out[i] = (g * grad_loss).to(g.dtype)
+            elif g is None:  # handed over by an earlier backward of a retained graph: computed anew below
+                again[i] = True
+            else:
+                # handed over once: the caller owns it from now on (it may land in .grad and change there)
                 _ops.rescale_grad_(g, applied, grad_loss)
                 out[i] = g
-            else:
-                out[i] = (g * grad_loss).to(g.dtype)
+                held[i] = (None, applied)
+        if any(again):
+            # new gradients from the same forward kernel (same mask), the same to the bit as the first (backward is
+            # reentrant, as gradcheck checks), scaled the same way
+            computed = torch.ops.lossfuse.linear_cross_entropy(input, linear_weight, target, linear_bias, weight,
+                                                               *ctx.args, ctx.grad_mask)[3:]
+            for i in range(3):
+                if again[i]:
+                    _ops.rescale_grad_(computed[i], torch.ones_like(held[i][1]), grad_loss)
+                    out[i] = computed[i]
     else:
         out = list(_ops.linear_cross_entropy_backward(grad_loss, input, linear_weight, target, lse, linear_bias,
                                                       weight, *ctx.args, wanted))

@@ -1,6 +1,7 @@
 """lossfuse.nn.functional.cross_entropy / nll_loss against torch: values, gradients, options, dtypes, layouts,
 errors, gradcheck, opcheck."""
 
+import contextlib
 import math
 import os
 import subprocess
@@ -334,26 +335,35 @@ def test_eager_training_node_matches_registered_op(dtype, options):
         assert torch.equal(fast, registered), what
 
 
-def test_eager_training_node_rescale_after_zero_fails():
-    x = make_logits((3, 5), torch.float32).requires_grad_()
-    loss = LF.cross_entropy(x, torch.tensor([0, 1, 2]))
-    torch.autograd.grad(loss, x, torch.tensor(0.0), retain_graph=True)
-    with pytest.raises(RuntimeError, match="already scaled by 0"):
-        torch.autograd.grad(loss, x, torch.tensor(2.0))
-
-
-def test_retain_graph_second_backward_is_right():
+@pytest.mark.parametrize("path", ["eager", "registered"])
+def test_retain_graph_second_backward_is_right(path):
+    # The gradient made in the forward is handed over once (scaled to the upstream gradient); it is the caller's
+    # from then on (it may be accumulated into .grad), so a retained graph's next backward computes a new one and
+    # leaves the earlier results alone, whatever the first upstream gradient was (0 included).
     x = make_logits((5, 9), torch.float64).requires_grad_()
     t = make_targets((5,), 9)
-    loss = LF.cross_entropy(x, t)
-    g1 = torch.autograd.grad(loss, x, torch.tensor(3.0, dtype=torch.float64), retain_graph=True)[0]
-    g2 = torch.autograd.grad(loss, x, torch.tensor(-0.5, dtype=torch.float64), retain_graph=True)[0].clone()
-    g3 = torch.autograd.grad(loss, x, retain_graph=True)[0]
     x64 = x.detach().requires_grad_()
     ref = torch.autograd.grad(F.cross_entropy(x64, t), x64)[0]
+    with _NoOpMode() if path == "registered" else contextlib.nullcontext():
+        loss = LF.cross_entropy(x, t)
+        g1 = torch.autograd.grad(loss, x, torch.tensor(3.0, dtype=torch.float64), retain_graph=True)[0]
+        kept = g1.clone()
+        g2 = torch.autograd.grad(loss, x, torch.tensor(-0.5, dtype=torch.float64), retain_graph=True)[0]
+        g3 = torch.autograd.grad(loss, x, retain_graph=True)[0]
+        g3_again = torch.autograd.grad(loss, x, retain_graph=True)[0]
+        (2 * loss).backward(retain_graph=True)
+        loss.backward()
+        zero = LF.cross_entropy(x, t)
+        g0 = torch.autograd.grad(zero, x, torch.tensor(0.0, dtype=torch.float64), retain_graph=True)[0]
+        g4 = torch.autograd.grad(zero, x, torch.tensor(4.0, dtype=torch.float64))[0]
+    assert torch.equal(g1, kept), "a later backward changed an earlier result"
+    assert torch.equal(g3, g3_again), "backward is not reentrant"
+    assert_close(g1, 3 * ref, torch.float64, "first backward")
     assert_close(g2, -0.5 * ref, torch.float64, "second backward")
     assert_close(g3, ref, torch.float64, "third backward")
-    del g1
+    assert_close(x.grad, 3 * ref, torch.float64, "accumulated .grad")
+    assert torch.equal(g0, torch.zeros_like(g0))
+    assert_close(g4, 4 * ref, torch.float64, "after a zero upstream gradient")
 
 
 @pytest.mark.parametrize("env", ["default", "LOSSFUSE_KEEP_BLOCK=0", "LOSSFUSE_HUGE_PAGES=0"])
