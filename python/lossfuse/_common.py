@@ -108,8 +108,23 @@ def register_autograd(name, backward, setup_context):
     function = type(f"lossfuse_{name}", (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
+    # The same pair in the form torch.func transforms need (a separate setup_context): the registered op's autograd
+    # cannot run under them. torch.func.grad, jacrev and the like work through it; vmap raises torch's error naming
+    # the missing vmap rule.
+    def forward_alone(*args):
+        with _below_autograd():
+            return op(*args)
+
+    transformable = type(f"lossfuse_{name}_func", (torch.autograd.Function,),
+                         {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_context),
+                          "backward": staticmethod(backward)})
+
     def call(*args):
-        return function.apply(*args) if _plain_eager(args) else op(*args)
+        if _plain_eager(args):
+            return function.apply(*args)
+        if torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
+            return transformable.apply(*args)
+        return op(*args)
 
     call.__name__ = name
     setattr(ops, name, call)
