@@ -7,6 +7,7 @@ from ._common import _plain_eager, acc_dtype, new_grad, new_loss, reduction_code
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
+_MAX_DIMS = 8  # lossfuse::kMaxDims
 # torch's own functions, captured before patch_torch() can replace them: the double-backward path uses them.
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 _torch_nll_loss = torch.nn.functional.nll_loss
@@ -206,15 +207,34 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
     red = reduction_code(reduction, size_average, reduce)
+    input, target = _check_tensors("cross_entropy", input, target)
+    soft = target.is_floating_point()
+    if soft and input.is_floating_point() and target.dtype != input.dtype:
+        # probabilities of another floating dtype: torch computes in the promoted dtype (and returns it)
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        input, target = input.to(dtype), target.to(dtype)
+    args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
+    if _weight_needs_grad("cross_entropy", weight, soft):
+        # torch differentiates the class weights of probability targets; so does its composition, used here
+        with torch.no_grad():
+            _, lse, z_loss, _ = _ops.cross_entropy(input, target, weight, *args, False)
+        loss = _ce_differentiable(input, target, weight, args)
+        return _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss)
+    input, target, restore = _fit_class_dims(input, target, soft)
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
-    args = (input, target, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
-            float(softcap), float(z_loss_scale))
-    if compute_grad and isinstance(target, torch.Tensor) and not target.is_floating_point() and _plain_eager(args):
+    args = (input, target, weight) + args
+    if compute_grad and not soft and _plain_eager(args):
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
         # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's
         loss, lse, z_loss = _cross_entropy_eager(*args)
     else:
         loss, lse, z_loss, _ = _ops.cross_entropy(*args, compute_grad)
+    if restore is not None:
+        loss, lse, z_loss = (restore(t) for t in (loss, lse, z_loss))
+    return _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss)
+
+
+def _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss):
     out = (to_input_dtype(loss, input),)
     if return_lse:
         out += (lse,)
@@ -223,10 +243,44 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return out[0] if len(out) == 1 else out
 
 
+def _check_tensors(name, input, target):
+    for arg, value in (("input", input), ("target", target)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}(): argument '{arg}' must be Tensor, not {type(value).__name__}")
+    return input, target
+
+
+def _weight_needs_grad(name, weight, soft):
+    """True when the class weights need a gradient (probability targets only); torch's error for class indices."""
+    if weight is None or not weight.requires_grad or not torch.is_grad_enabled():
+        return False
+    if not soft:
+        raise RuntimeError(f"lossfuse: {name}: weight: the loss of class-index targets is not differentiable with "
+                           "respect to the class weights (torch's nll_loss_forward is not either); the weight "
+                           "cannot have requires_grad=True")
+    return True
+
+
+def _fit_class_dims(input, target, soft):
+    """Inputs of more dims than the kernels take (N, C, d1, ..., dk) as (N, C, d1 * ... * dk), targets alike.
+    Returns them and a function giving a per-row result ((N, d1 * ... * dk) or 0-d) its shape back."""
+    if input.dim() <= _MAX_DIMS:
+        return input, target, None
+    n, c, rows = input.shape[0], input.shape[1], input.shape[:1] + input.shape[2:]
+    input = input.reshape(n, c, -1)
+    target = target.reshape(n, c, -1) if soft else target.reshape(n, -1)
+    return input, target, (lambda t: t.reshape(rows) if t.dim() == 2 else t)
+
+
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """torch.nn.functional.nll_loss; targets of any integer dtype."""
     red = reduction_code(reduction, size_average, reduce)
+    input, target = _check_tensors("nll_loss", input, target)
+    _weight_needs_grad("nll_loss", weight, False)
+    input, target, restore = _fit_class_dims(input, target, False)
     loss = _ops.nll_loss(input, target, weight, red, int(ignore_index))
+    if restore is not None:
+        loss = restore(loss)
     return to_input_dtype(loss, input)
 
 

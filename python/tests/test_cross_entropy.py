@@ -483,3 +483,72 @@ def test_torch_compile_training_step():
     torch.testing.assert_close(ours, ref)
     for p, q in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+# ---- what torch accepts around the kernels' own limits -----------------------------------------------------------
+
+
+def test_weight_gradient():
+    # torch differentiates the class weights of probability targets, and refuses a weight that needs a gradient
+    # with class-index targets (its nll_loss_forward is not differentiable there): so does lossfuse.
+    x = make_logits((4, 6), torch.float64).requires_grad_()
+    p = torch.softmax(make_logits((4, 6), torch.float64), 1)
+    w = (torch.rand(6, dtype=torch.float64) + 0.5).requires_grad_()
+    for reduction in REDUCTIONS:
+        ours = LF.cross_entropy(x, p, weight=w, reduction=reduction, label_smoothing=0.1)
+        theirs = F.cross_entropy(x, p, weight=w, reduction=reduction, label_smoothing=0.1)
+        g = torch.randn(theirs.shape, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad(ours, (x, w), g), torch.autograd.grad(theirs, (x, w), g)):
+            assert_close(a, b, torch.float64, f"gradient ({reduction})")
+    t = torch.tensor([0, 5, 2, 1])
+    with pytest.raises(RuntimeError, match="weight"):
+        LF.cross_entropy(x, t, weight=w)
+    with pytest.raises(RuntimeError, match="weight"):
+        LF.nll_loss(x, t, weight=w)
+    with torch.no_grad():
+        assert_close(LF.cross_entropy(x, t, weight=w), F.cross_entropy(x, t, weight=w), torch.float64, "no_grad")
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float32), (torch.bfloat16, torch.float32),
+                                    (torch.float32, torch.float64)], ids=str)
+def test_probability_targets_of_another_dtype_promote(dtypes):
+    x = make_logits((5, 7), dtypes[0]).requires_grad_()
+    p = torch.softmax(make_logits((5, 7), torch.float64), 1).to(dtypes[1])
+    ours, theirs = LF.cross_entropy(x, p), F.cross_entropy(x, p)
+    assert ours.dtype == theirs.dtype
+    x64 = x.detach().double().requires_grad_()
+    ref = F.cross_entropy(x64, p.double())
+    dtype = max(dtypes, key=lambda d: TOL[d])
+    assert_close(ours, ref, dtype, "loss")
+    g = torch.autograd.grad(ours, x)[0]
+    assert g.dtype == x.dtype
+    assert_close(g, torch.autograd.grad(ref, x64)[0], dtype, "gradient")
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["indices", "probabilities"])
+@pytest.mark.parametrize("ndim", [9, 10])
+def test_more_dims_than_the_kernels_take(ndim, soft):
+    shape = (2, 3) + (2,) * (ndim - 2)
+    x = make_logits(shape, torch.float64).requires_grad_()
+    t = torch.softmax(make_logits(shape, torch.float64), 1) if soft else torch.randint(0, 3, shape[:1] + shape[2:])
+    for reduction in REDUCTIONS:
+        ours, lse = LF.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1, return_lse=True)
+        theirs = F.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
+        assert ours.shape == theirs.shape and lse.shape == shape[:1] + shape[2:]
+        assert_close(lse, torch.logsumexp(x.detach(), 1), torch.float64, "lse")
+        g = torch.randn(theirs.shape, dtype=torch.float64)
+        assert_close(ours, theirs, torch.float64, f"loss ({reduction})")
+        assert_close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(theirs, x, g)[0], torch.float64,
+                     f"gradient ({reduction})")
+        if not soft:
+            logp = torch.log_softmax(x, 1)
+            assert_close(LF.nll_loss(logp, t, reduction=reduction), F.nll_loss(logp, t, reduction=reduction),
+                         torch.float64, f"nll ({reduction})")
+
+
+def test_non_tensor_arguments_raise_type_error():
+    x = make_logits((3, 4), torch.float32)
+    with pytest.raises(TypeError, match="target"):
+        LF.cross_entropy(x, [0, 1, 2])
+    with pytest.raises(TypeError, match="input"):
+        LF.nll_loss([[0.0]], torch.tensor([0]))
