@@ -2,7 +2,9 @@
 
 `lossfuse.nn.functional` mirrors `torch.nn.functional`'s losses (same signatures, defaults and results) and
 `lossfuse.nn` its loss modules; `lossfuse.patch_torch()` routes torch's functional losses to lossfuse. The
-kernels are registered as torch custom ops under `torch.ops.lossfuse`.
+kernels are registered as torch custom ops under `torch.ops.lossfuse`. A bad argument raises
+`lossfuse.ArgumentError`, both a ValueError and a RuntimeError (torch raises one or the other, depending on the
+loss and the argument); a bad class index raises IndexError.
 """
 
 import torch as _torch
@@ -10,9 +12,10 @@ import torch as _torch
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
 from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
+from ._common import ArgumentError
 from ._patch import patch_torch, unpatch_torch
 
-__all__ = ["nn", "patch_torch", "unpatch_torch", "empty_cache"]
+__all__ = ["nn", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError"]
 __version__ = "0.1.0"
 
 

@@ -46,6 +46,16 @@ def sum_to(grad, shape):
     return grad.sum_to_size(shape)
 
 
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument (shape, size, option out of range), named in the message. torch raises RuntimeError for most
+    such arguments of its losses and ValueError for some; lossfuse's are both, so code written against either
+    catches them."""
+
+
+def as_argument_error(error):
+    return error if isinstance(error, ArgumentError) else ArgumentError(str(error))
+
+
 # ---- the eager fast path -------------------------------------------------------------------------------------------
 #
 # Every forward op's autograd is registered with torch.library.register_autograd, which is what torch.compile,
@@ -120,11 +130,16 @@ def register_autograd(name, backward, setup_context):
                           "backward": staticmethod(backward)})
 
     def call(*args):
-        if _plain_eager(args):
-            return function.apply(*args)
-        if torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
-            return transformable.apply(*args)
-        return op(*args)
+        if torch.compiler.is_compiling():
+            return op(*args)
+        try:
+            if _plain_eager(args):
+                return function.apply(*args)
+            if torch._C._are_functorch_transforms_active():
+                return transformable.apply(*args)
+            return op(*args)
+        except ValueError as e:
+            raise as_argument_error(e) from None
 
     call.__name__ = name
     setattr(ops, name, call)

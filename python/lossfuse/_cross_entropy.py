@@ -3,7 +3,8 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import _plain_eager, acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
+from ._common import (_plain_eager, acc_dtype, as_argument_error, new_grad, new_loss, ops, reduction_code,
+                      register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -226,7 +227,10 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if compute_grad and not soft and _plain_eager(args):
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
         # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's
-        loss, lse, z_loss = _cross_entropy_eager(*args)
+        try:
+            loss, lse, z_loss = _cross_entropy_eager(*args)
+        except ValueError as e:
+            raise as_argument_error(e) from None
     else:
         loss, lse, z_loss, _ = _ops.cross_entropy(*args, compute_grad)
     if restore is not None:

@@ -181,3 +181,26 @@ def test_torch_func_grad(name):
     if name == "mse_loss":
         with pytest.raises(RuntimeError, match="vmap"):
             torch.func.vmap(lambda a: fn(LF, a))(arg)
+
+
+def test_bad_arguments_are_caught_as_torch_raises_them():
+    # torch raises RuntimeError for most bad arguments of its losses and ValueError for some; each lossfuse error of
+    # this kind is caught by the exception type torch raises for the same call (ArgumentError is both).
+    x = torch.randn(4, 10)
+    t = torch.zeros(4, dtype=torch.long)
+    calls = [
+        lambda lib: lib.cross_entropy(x, t, weight=torch.ones(9)),
+        lambda lib: lib.cross_entropy(x, t, label_smoothing=1.5),
+        lambda lib: lib.cross_entropy(x.detach().requires_grad_(), t, label_smoothing=1.5),
+        lambda lib: lib.cross_entropy(torch.randn(2, 3, 4), torch.zeros(2, 5, dtype=torch.long)),
+        lambda lib: lib.cross_entropy(x, torch.rand(4, 10), ignore_index=3),
+        lambda lib: lib.cross_entropy(x, t[:3]),
+        lambda lib: lib.multi_margin_loss(x, t, p=3),
+        lambda lib: lib.gaussian_nll_loss(x, x, torch.ones(3)),
+    ]
+    for k, call in enumerate(calls):
+        with pytest.raises(Exception) as theirs:
+            call(F)
+        with pytest.raises(type(theirs.value)) as ours:
+            call(LF)
+        assert "lossfuse" in str(ours.value) or type(ours.value) is type(theirs.value), f"call {k}: {ours.value}"
