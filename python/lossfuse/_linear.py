@@ -5,7 +5,7 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, reduction_code, ops, register_autograd
+from ._common import ArgumentError, acc_dtype, new_grad, reduction_code, ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -169,6 +169,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
                                                                   (linear_weight.shape[:-1].numel(),)):
         raise RuntimeError(f"lossfuse: linear_bias: expected shape {tuple(linear_weight.shape[:-1])}, got "
                            f"{tuple(linear_bias.shape)}")
+    if not target.is_floating_point() and linear_weight.dim() == 2 and target.shape != input.shape[:-1]:
+        raise ArgumentError(f"lossfuse: target: expected shape {tuple(input.shape[:-1])} (one class index per row "
+                            f"of input), got shape {tuple(target.shape)}")
     if target.is_floating_point() and ignore_index is not None:
         raise RuntimeError("lossfuse: ignore_index: cannot be given when target holds probabilities")
     if ignore_index is None:
@@ -187,8 +190,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     if strategy not in ("auto", "chunked", "recompute"):
         raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
     lead = input.shape[:-1]
-    x = input.reshape(-1, input.shape[-1])
-    t = target.reshape(-1)
+    x = input.reshape(lead.numel(), input.shape[-1])
+    t = target.reshape(lead.numel())
     if x.stride(-1) != 1:
         x = x.contiguous()
     w = linear_weight if linear_weight.stride(-1) == 1 else linear_weight.contiguous()

@@ -234,3 +234,29 @@ def test_bad_input():
         LF.linear_cross_entropy(x, w, bad)
     with pytest.raises(ValueError, match="strategy"):
         LF.linear_cross_entropy(x, w, t, strategy="fast")
+
+
+def test_target_shape_must_match_the_rows():
+    # torch raises RuntimeError for an (N, 1) target and ValueError for a (1, N) one; lossfuse's ArgumentError is
+    # both, and no target is silently flattened
+    x, w, b, t = make(5, 4, 7, torch.float64, seed=8)
+    for bad in (t.view(5, 1), t.view(1, 5), t[:4]):
+        with pytest.raises(Exception) as theirs:
+            F.linear_cross_entropy(x, w, bad)
+        with pytest.raises(type(theirs.value), match="target"):
+            LF.linear_cross_entropy(x, w, bad)
+    with pytest.raises(RuntimeError, match="target"):
+        LF.linear_cross_entropy(x[0], w, t)  # unbatched input wants a 0-d target
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_no_features(reduction):
+    # in_features = 0: every logit is the bias (or 0), as torch computes it
+    x, w, b, t = make(5, 4, 7, torch.float64, seed=9)
+    leaves = (x[:, :0].clone().requires_grad_(), w[:, :0].clone().requires_grad_(), b.requires_grad_())
+    ours = LF.linear_cross_entropy(*leaves[:2], t, linear_bias=leaves[2], reduction=reduction)
+    theirs = F.linear_cross_entropy(*leaves[:2], t, linear_bias=leaves[2], reduction=reduction)
+    torch.testing.assert_close(ours, theirs)
+    g = torch.ones_like(theirs)
+    for a, c in zip(torch.autograd.grad(ours, leaves, g), torch.autograd.grad(theirs, leaves, g)):
+        torch.testing.assert_close(a, c)
