@@ -215,13 +215,16 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         dtype = torch.promote_types(input.dtype, target.dtype)
         input, target = input.to(dtype), target.to(dtype)
     args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
+    fitted, fitted_target, restore = _fit_class_dims(input, target, soft)
     if _weight_needs_grad("cross_entropy", weight, soft):
         # torch differentiates the class weights of probability targets; so does its composition, used here
         with torch.no_grad():
-            _, lse, z_loss, _ = _ops.cross_entropy(input, target, weight, *args, False)
+            _, lse, z_loss, _ = _ops.cross_entropy(fitted, fitted_target, weight, *args, False)
+        if restore is not None:
+            lse, z_loss = restore(lse), restore(z_loss)
         loss = _ce_differentiable(input, target, weight, args)
         return _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss)
-    input, target, restore = _fit_class_dims(input, target, soft)
+    input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
     args = (input, target, weight) + args
     if compute_grad and not soft and _plain_eager(args):

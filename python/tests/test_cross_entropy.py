@@ -540,7 +540,14 @@ def test_more_dims_than_the_kernels_take(ndim, soft):
         assert_close(ours, theirs, torch.float64, f"loss ({reduction})")
         assert_close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(theirs, x, g)[0], torch.float64,
                      f"gradient ({reduction})")
-        if not soft:
+        if soft:  # class weights that need a gradient take torch's composition (the lse still from the kernel)
+            w = (torch.rand(3, dtype=torch.float64) + 0.5).requires_grad_()
+            ours, lse_w = LF.cross_entropy(x, t, weight=w, reduction=reduction, return_lse=True)
+            theirs = F.cross_entropy(x, t, weight=w, reduction=reduction)
+            assert_close(lse_w, lse, torch.float64, "lse (weight with a gradient)")
+            for a, b in zip(torch.autograd.grad(ours, (x, w), g), torch.autograd.grad(theirs, (x, w), g)):
+                assert_close(a, b, torch.float64, f"gradients, weight with a gradient ({reduction})")
+        else:
             logp = torch.log_softmax(x, 1)
             assert_close(LF.nll_loss(logp, t, reduction=reduction), F.nll_loss(logp, t, reduction=reduction),
                          torch.float64, f"nll ({reduction})")
