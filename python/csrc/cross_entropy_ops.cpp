@@ -104,11 +104,12 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
     torch::autograd::variable_list out(9);
     const at::Tensor& grad_loss = grads[0];
     if (!grad_loss.defined()) return out;  // only lse or z_loss was used: they have no gradient
+    // unpacked first in every case: raises torch's error if the logits were changed in place after the forward
+    const auto saved = ctx->get_saved_variables();
     const auto a = ctx->saved_data["args"].toDoubleList();
     const auto red = static_cast<std::int64_t>(a[0]);
     const auto ignore_index = static_cast<std::int64_t>(a[1]);
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable gradient
-      const auto saved = ctx->get_saved_variables();
       static const auto op = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("lossfuse::cross_entropy", "")
                                  .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
@@ -132,7 +133,6 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
     }
     // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
     // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
-    const auto saved = ctx->get_saved_variables();
     const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
     at::Tensor grad = std::get<3>(
         cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));

@@ -559,3 +559,16 @@ def test_non_tensor_arguments_raise_type_error():
         LF.cross_entropy(x, [0, 1, 2])
     with pytest.raises(TypeError, match="input"):
         LF.nll_loss([[0.0]], torch.tensor([0]))
+
+
+@pytest.mark.parametrize("path", ["eager", "registered"])
+def test_logits_changed_in_place_before_backward_raise(path):
+    # as torch: a gradient made in the forward from logits changed since is refused, not handed over
+    x = make_logits((3, 5), torch.float64).requires_grad_()
+    with _NoOpMode() if path == "registered" else contextlib.nullcontext():
+        z = x * 1.0
+        loss = LF.cross_entropy(z, torch.tensor([0, 1, 2]))
+        with torch.no_grad():
+            z.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
