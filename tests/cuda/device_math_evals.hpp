@@ -1,0 +1,209 @@
+// The evaluations of tests/cuda/device_math_test.cu: functors over an index i that run the shared math of src/math
+// for one element, row or sequence, the same code on a CUDA device (one thread per i) and on the host. Included
+// by the test (nvcc) and by device_math_reference.cpp (the host compiler alone), which instantiates them in long
+// double for the reference of the double checks.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "math/ctc_math.hpp"
+#include "math/half.hpp"
+#include "math/margin_math.hpp"
+#include "math/pointwise_math.hpp"
+#include "math/vocab_tile_math.hpp"
+
+namespace lossfuse::device_test {
+
+namespace lm = lossfuse::math;
+
+template <class F>
+void run_host(const F& f, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+
+template <class Loss, class Acc>
+struct PointwiseEval {
+  const Acc *x, *y, *z, *g;
+  Acc a, b;
+  Acc *loss, *dx, *dy, *dz;
+  LF_HOST_DEVICE void operator()(std::int64_t i) const {
+    const lm::ScalarOps<Acc> o;
+    lm::PwConsts<Acc> k;
+    k.a = a;
+    k.b = b;
+    loss[i] = Loss::value(o, k, x[i], y[i], z[i]);
+    Acc gx = 0, gy = 0, gz = 0;
+    Loss::grad(o, k, x[i], y[i], z[i], g[i], gx, gy, gz);
+    dx[i] = gx;
+    dy[i] = gy;
+    dz[i] = gz;
+  }
+};
+
+// One row per i: forward over the tiles of a row of raw logits (online log-sum-exp), then the gradient of every
+// logit of the row. Index targets, optional label smoothing (unweighted), z-loss and soft-cap.
+template <class Acc>
+struct CeTileRowEval {
+  const Acc* x;
+  std::int64_t C, tile;
+  const std::int64_t* y;
+  Acc scale, softcap, eps, zls;
+  Acc *loss, *lse, *grad;
+  template <bool kCap>
+  LF_HOST_DEVICE void row(std::int64_t r) const {
+    lm::LogitTransform<Acc> xf;
+    xf.scale = scale;
+    xf.softcap = softcap;
+    xf.inv_softcap = softcap > 0 ? Acc(1) / softcap : Acc(0);
+    lm::CeRowParams<Acc> p;
+    p.eps = eps;
+    p.eps_over_c = eps / static_cast<Acc>(C);
+    p.sum_w = static_cast<Acc>(C);
+    p.z_loss_scale = zls;
+    lm::TileRowState<Acc> st;
+    const Acc* xr = x + r * C;
+    for (std::int64_t v0 = 0; v0 < C; v0 += tile) {
+      const std::int64_t v1 = v0 + tile < C ? v0 + tile : C;
+      Acc m = lm::neg_inf<Acc>();
+      for (std::int64_t c = v0; c < v1; ++c) {
+        const Acc z = xf.template apply_as<kCap>(xr[c]);
+        m = z > m ? z : m;
+      }
+      const Acc sh = lm::tile_shift(m);
+      if (v0 == 0) st.ref = sh;
+      Acc s = 0;
+      double swz = 0;
+      for (std::int64_t c = v0; c < v1; ++c) {
+        const Acc z = xf.template apply_as<kCap>(xr[c]);
+        s += std::exp(z - sh);
+        if (eps != Acc(0)) swz += static_cast<double>(z - st.ref);
+        if (c == y[r]) st.z_y = z;
+      }
+      lm::tile_fold(st, m, s, swz);
+    }
+    const lm::CeRowResult<Acc> res = lm::tile_row_finish(p, st, y[r] < 0, Acc(1));
+    loss[r] = res.loss;
+    lse[r] = res.lse;
+    const lm::CeGradCoefs<Acc> k = lm::ce_index_grad_coefs(p, res.lse, Acc(1), Acc(1), true);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const Acc z = xf.template apply_as<kCap>(xr[c]);
+      grad[r * C + c] = lm::ce_index_grad_z(k, z, res.lse, Acc(1), c == y[r]) * xf.template derivative_from_z<kCap>(z);
+    }
+  }
+  LF_HOST_DEVICE void operator()(std::int64_t r) const {
+    if (softcap > 0)
+      row<true>(r);
+    else
+      row<false>(r);
+  }
+};
+
+// One sequence per i: log_probs (T, C) of that sequence, labels (S), alpha and beta over l' (T, 2S+1) in
+// workspace, then the gradient (T, C) by ctc_grad.
+template <class Acc>
+struct CtcEval {
+  const Acc* lp;
+  const std::int64_t* labels;  // (N, S)
+  std::int64_t T, C, S;
+  std::int64_t* ext;  // (N, 2S+1) workspace: l'
+  Acc *alpha, *beta;  // (N, T, 2S+1) workspace
+  Acc *nll, *grad;    // (N), (N, T, C)
+  LF_HOST_DEVICE void operator()(std::int64_t n) const {
+    const std::int64_t L = 2 * S + 1;
+    const Acc* lpn = lp + n * T * C;
+    std::int64_t* l = ext + n * L;
+    for (std::int64_t s = 0; s < L; ++s) l[s] = (s % 2 == 0) ? 0 : labels[n * S + s / 2];  // blank = 0
+    Acc* a = alpha + n * T * L;
+    Acc* b = beta + n * T * L;
+    for (std::int64_t s = 0; s < L; ++s) a[s] = s < 2 ? lpn[l[s]] : lm::neg_inf<Acc>();
+    for (std::int64_t t = 1; t < T; ++t)
+      for (std::int64_t s = 0; s < L; ++s) a[t * L + s] = lm::ctc_alpha_step(a + (t - 1) * L, l, s, lpn[t * C + l[s]]);
+    for (std::int64_t s = 0; s < L; ++s) b[(T - 1) * L + s] = s >= L - 2 ? lpn[(T - 1) * C + l[s]] : lm::neg_inf<Acc>();
+    for (std::int64_t t = T - 2; t >= 0; --t)
+      for (std::int64_t s = 0; s < L; ++s)
+        b[t * L + s] = lm::ctc_beta_step(b + (t + 1) * L, l, s, L, lpn[t * C + l[s]]);
+    const Acc nl = -lm::log_add2(a[(T - 1) * L + L - 1], a[(T - 1) * L + L - 2]);
+    nll[n] = nl;
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        Acc occ = lm::neg_inf<Acc>();
+        for (std::int64_t s = 0; s < L; ++s)
+          if (l[s] == c) occ = lm::log_add2(occ, a[t * L + s] + b[t * L + s]);
+        grad[(n * T + t) * C + c] = lm::ctc_grad(lpn[t * C + c], occ, nl);
+      }
+    }
+  }
+};
+
+template <class Acc, lm::NormKind K>
+LF_HOST_DEVICE Acc triplet_row(const Acc* a, const Acc* p, const Acc* n, std::int64_t D, Acc pw, Acc eps, bool swap,
+                               Acc* ga) {
+  Acc s1 = 0, s2 = 0, s3 = 0;
+  for (std::int64_t c = 0; c < D; ++c) {
+    s1 = lm::norm_accumulate<K>(s1, a[c] - p[c] + eps, pw);
+    s2 = lm::norm_accumulate<K>(s2, a[c] - n[c] + eps, pw);
+    s3 = lm::norm_accumulate<K>(s3, p[c] - n[c] + eps, pw);
+  }
+  const Acc d1 = lm::norm_finish<K>(s1, pw), d2 = lm::norm_finish<K>(s2, pw), d3 = lm::norm_finish<K>(s3, pw);
+  const lm::SwapWeights<Acc> sw = lm::triplet_swap_weights(swap, d2, d3);
+  for (std::int64_t c = 0; c < D; ++c)
+    ga[c] = lm::norm_grad<K>(a[c] - p[c] + eps, d1, pw, std::fabs(a[c] - p[c] + eps) == d1) -
+            sw.an * lm::norm_grad<K>(a[c] - n[c] + eps, d2, pw, std::fabs(a[c] - n[c] + eps) == d2);
+  return lm::triplet_loss(Acc(1), d1, swap && d3 < d2 ? d3 : d2);
+}
+
+template <class Acc>
+struct TripletEval {
+  const Acc *a, *p, *n;
+  std::int64_t D;
+  double pnorm;
+  bool swap;
+  Acc *loss, *grad;
+  LF_HOST_DEVICE void operator()(std::int64_t r) const {
+    const Acc pw = static_cast<Acc>(pnorm);
+    const Acc* ar = a + r * D;
+    const Acc* pr = p + r * D;
+    const Acc* nr = n + r * D;
+    Acc* g = grad + r * D;
+    const Acc e = Acc(1e-6);
+    switch (lm::norm_kind(pnorm)) {
+      case lm::NormKind::zero: loss[r] = triplet_row<Acc, lm::NormKind::zero>(ar, pr, nr, D, pw, e, swap, g); break;
+      case lm::NormKind::one: loss[r] = triplet_row<Acc, lm::NormKind::one>(ar, pr, nr, D, pw, e, swap, g); break;
+      case lm::NormKind::two: loss[r] = triplet_row<Acc, lm::NormKind::two>(ar, pr, nr, D, pw, e, swap, g); break;
+      case lm::NormKind::inf: loss[r] = triplet_row<Acc, lm::NormKind::inf>(ar, pr, nr, D, pw, e, swap, g); break;
+      case lm::NormKind::general:
+        loss[r] = triplet_row<Acc, lm::NormKind::general>(ar, pr, nr, D, pw, e, swap, g);
+        break;
+    }
+  }
+};
+
+// The elementwise losses the test checks (X is applied to each type).
+#define LF_DEVICE_TEST_LOSSES(X)                                                                                       \
+  X(lm::MseLoss)                                                                                                       \
+  X(lm::L1Loss) X(lm::SmoothL1Loss) X(lm::HuberLoss) X(lm::BceLoss) X(lm::BceWithLogitsLoss<false>)                    \
+      X(lm::BceWithLogitsLoss<true>) X(lm::KlDivLoss<false>) X(lm::KlDivLoss<true>) X(lm::PoissonNllLoss<true, false>) \
+          X(lm::PoissonNllLoss<true, true>) X(lm::PoissonNllLoss<false, false>) X(lm::PoissonNllLoss<false, true>)     \
+              X(lm::GaussianNllLoss) X(lm::HingeEmbeddingLoss) X(lm::MarginRankingLoss)
+
+// Host long double evaluations (device_math_reference.cpp): the references of the double checks.
+template <class Loss>
+std::array<std::vector<long double>, 4> reference_pointwise(const std::vector<long double>& x,
+                                                            const std::vector<long double>& y,
+                                                            const std::vector<long double>& z,
+                                                            const std::vector<long double>& g, long double a,
+                                                            long double b);
+void reference_ce(const CeTileRowEval<long double>& shape, const std::vector<long double>& x,
+                  const std::vector<std::int64_t>& y, std::int64_t N, std::vector<long double>& loss,
+                  std::vector<long double>& lse, std::vector<long double>& grad);
+void reference_ctc(const std::vector<long double>& lp, const std::vector<std::int64_t>& labels, std::int64_t N,
+                   std::int64_t T, std::int64_t C, std::int64_t S, std::vector<long double>& nll,
+                   std::vector<long double>& grad);
+void reference_triplet(const std::vector<long double>& a, const std::vector<long double>& p,
+                       const std::vector<long double>& n, std::int64_t N, std::int64_t D, double pnorm, bool swap,
+                       std::vector<long double>& loss, std::vector<long double>& grad);
+
+}  // namespace lossfuse::device_test
