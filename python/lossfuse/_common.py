@@ -19,6 +19,14 @@ def reduction_code(reduction, size_average=None, reduce=None, legacy_names=True)
         raise ValueError(f"{reduction} is not a valid value for reduction") from None
 
 
+def check_tensors(name, *named):
+    """torch's TypeError for an operand that is not a tensor; named: (argument name, value) in position order."""
+    for position, (arg, value) in enumerate(named, 1):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}(): argument '{arg}' (position {position}) must be Tensor, not "
+                            f"{type(value).__name__}")
+
+
 def acc_dtype(t):
     """The dtype lossfuse stores losses in: float64 for float64 inputs, float32 otherwise."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32

@@ -3,7 +3,7 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (_plain_eager, acc_dtype, as_argument_error, new_grad, new_loss, ops, reduction_code,
+from ._common import (_plain_eager, check_tensors, acc_dtype, as_argument_error, new_grad, new_loss, ops, reduction_code,
                       register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
@@ -208,7 +208,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
     red = reduction_code(reduction, size_average, reduce)
-    input, target = _check_tensors("cross_entropy", input, target)
+    input, target = _check_tensors("cross_entropy_loss", input, target)
     soft = target.is_floating_point()
     if soft and input.is_floating_point() and target.dtype != input.dtype:
         # probabilities of another floating dtype: torch computes in the promoted dtype (and returns it)
@@ -251,9 +251,11 @@ def _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss):
 
 
 def _check_tensors(name, input, target):
-    for arg, value in (("input", input), ("target", target)):
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name}(): argument '{arg}' must be Tensor, not {type(value).__name__}")
+    """torch's TypeError for non-tensors, and its NotImplementedError for logits that are not floating."""
+    check_tensors(name, ("input", input), ("target", target))
+    if not input.is_floating_point() and not input.is_complex():
+        raise NotImplementedError(f"lossfuse: {name}: input: expected float32, float64, float16 or bfloat16 "
+                                  f"logits, got {input.dtype}")
     return input, target
 
 
@@ -270,7 +272,10 @@ def _weight_needs_grad(name, weight, soft):
 
 def _fit_class_dims(input, target, soft):
     """Inputs of more dims than the kernels take (N, C, d1, ..., dk) as (N, C, d1 * ... * dk), targets alike.
-    Returns them and a function giving a per-row result ((N, d1 * ... * dk) or 0-d) its shape back."""
+    Returns them and a function giving a per-row result ((N, d1 * ... * dk) or 0-d) its shape back.
+    An unbatched input (C) takes a class-index target of one element, (1) as well as (), as torch does."""
+    if input.dim() == 1 and not soft and target.dim() == 1 and target.numel() == 1:
+        return input, target.reshape(()), None
     if input.dim() <= _MAX_DIMS:
         return input, target, None
     n, c, rows = input.shape[0], input.shape[1], input.shape[:1] + input.shape[2:]

@@ -14,7 +14,7 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -291,6 +291,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
                      reduction="mean"):
     """torch.nn.functional.poisson_nll_loss: exp(x) - y x (log_input), else x - y log(x + eps); full adds
     y log y - y + 0.5 log(2 pi y) where y > 1. input and target broadcast; both get gradients, as torch."""
+    check_tensors("poisson_nll_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce, legacy_names=False)
     log_input, full, eps = bool(log_input), bool(full), float(eps)
     if not (input.dtype.is_floating_point and target.dtype.is_floating_point) or not math.isfinite(eps):
@@ -331,6 +332,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     0.5 log(2 pi) when full. var: a float, a tensor of the input's shape, of the input's shape without its last dim,
     or with one dim of size 1; every entry >= 0 (ValueError). The clamp is outside autograd, as torch: the var's
     gradient is taken at max(var, eps). input, target and var broadcast; all get gradients."""
+    check_tensors("gaussian_nll_loss", ("input", input), ("target", target))
     var = _gaussian_var(input, var)
     if reduction not in _REDUCTION_NAMES:
         raise ValueError(f"{reduction} is not valid")

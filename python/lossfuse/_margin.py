@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -262,6 +262,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     """torch.nn.functional.triplet_margin_loss: max(0, margin + d(a, p) - d(a, n)) per row of the last dim, with
     d(x, y) = ||x - y + eps||_p (swap: d(a, n) <- min(d(a, n), d(p, n))). Operands of one number of dims,
     broadcast; a 0-d or 1-d operand is one row."""
+    check_tensors("triplet_margin_loss", ("anchor", anchor), ("positive", positive), ("negative", negative))
     red = reduction_code(reduction, size_average, reduce)
     margin, p, eps, swap = float(margin), float(p), float(eps), bool(swap)
     if margin <= 0:
@@ -314,6 +315,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     """torch.nn.functional.cosine_embedding_loss: 1 - cos(x1, x2) where target == 1, max(0, cos - margin) where
     target == -1, 0 elsewhere; (N, D) inputs with a (N) target or (D) inputs with a 0-d one, broadcast. No gradient
     for the target, as torch."""
+    check_tensors("cosine_embedding_loss", ("input1", input1), ("input2", input2), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     margin = float(margin)
     tdim = target.dim()
@@ -342,6 +344,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     """torch.nn.functional.multi_margin_loss: sum_{j != y} w_y max(0, margin - x_y + x_j)^p / C per sample, for
     (N, C) or (C) inputs. Also for float16/bfloat16 inputs (torch: float32/float64 only); targets of any integer
     dtype and weights of any float dtype (torch: int64, the input's dtype)."""
+    check_tensors("multi_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     if p != 1 and p != 2:
         raise ValueError(f"multi_margin_loss: p: only p == 1 and p == 2 supported, got {p}")
@@ -376,6 +379,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     """torch.nn.functional.multilabel_margin_loss: per row, the labels are the target entries before the first -1;
     sum over labels j and non-labels i of max(0, 1 - x_j + x_i) / C. (N, C) or (C) inputs; also float16/bfloat16
     (torch: float32/float64 only) and targets of any integer dtype (torch: int64)."""
+    check_tensors("multilabel_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     _check_class_input("multilabel_margin_loss", input)
     if input.dim() <= 1:
@@ -394,6 +398,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     """torch.nn.functional.multilabel_soft_margin_loss: -(1/C) sum_c w_c [y log sigmoid(x) + (1 - y) log
     sigmoid(-x)] per row of the last dim; the target broadcasts with the input and is differentiated too, as
     torch."""
+    check_tensors("multilabel_soft_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     _check_floating_input("multilabel_soft_margin_loss", input)
     if target.dtype == torch.bool:

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -356,8 +356,23 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     if input.dtype == torch.bool or target.dtype == torch.bool:
         raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
                            f"{input.dtype} and {target.dtype}")
+    if not torch.promote_types(input.dtype, target.dtype).is_floating_point and not input.is_complex():
+        return _integer_l1_loss(input, target, weight, red)
     dtype = _floating_result_type("l1_loss", input, target)
     return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True)
+
+
+def _integer_l1_loss(input, target, weight, red):
+    """l1_loss of two integer tensors, which torch computes exactly in integers (its 'mean' raises): torch's own
+    composition, there being nothing for a float kernel to do."""
+    x, t = torch.broadcast_tensors(input, target)
+    d = torch.abs(x - t)
+    if weight is not None:
+        _check_weight(weight, input)
+        d = d * weight
+        if red == 1:
+            return torch.sum(d) / torch.sum(weight)
+    return d if red == 0 else (torch.sum(d) if red == 2 else torch.mean(d))
 
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
@@ -396,6 +411,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     """torch.nn.functional.kl_div: target (log target - input), or exp(target) (target - input) with log_target;
     'batchmean' divides the sum by input.size(0)."""
+    check_tensors("kl_div", ("input", input), ("target", target))
     legacy = size_average is not None or reduce is not None
     if legacy:
         red = reduction_code("mean", size_average, reduce)
@@ -426,6 +442,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.hinge_embedding_loss: input where target == 1, max(0, margin - input) where target == -1,
     both summed for any other target. Computed in the input's dtype; no gradient for the target, as torch."""
+    check_tensors("hinge_embedding_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     dtype = _floating_input_type("hinge_embedding_loss", input)
     margin = float(margin)

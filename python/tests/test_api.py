@@ -204,3 +204,78 @@ def test_bad_arguments_are_caught_as_torch_raises_them():
         with pytest.raises(type(theirs.value)) as ours:
             call(LF)
         assert "lossfuse" in str(ours.value) or type(ours.value) is type(theirs.value), f"call {k}: {ours.value}"
+
+
+# Operands of each loss with one given as a list instead of a tensor: torch raises TypeError for every one.
+def _list_operand_calls():
+    x = torch.rand(3, 4)
+    soft = [[0.5] * 4] * 3
+    return {
+        "kl_div": lambda lib: lib.kl_div(x, soft),
+        "poisson_nll_loss": lambda lib: lib.poisson_nll_loss(x.tolist(), x),
+        "gaussian_nll_loss": lambda lib: lib.gaussian_nll_loss(x, soft, x),
+        "hinge_embedding_loss": lambda lib: lib.hinge_embedding_loss(x, soft),
+        "multilabel_soft_margin_loss": lambda lib: lib.multilabel_soft_margin_loss(x.tolist(), x),
+        "multi_margin_loss": lambda lib: lib.multi_margin_loss(x, [0, 1, 2]),
+        "multilabel_margin_loss": lambda lib: lib.multilabel_margin_loss(x, [[0, -1, 0, 0]] * 3),
+        "cosine_embedding_loss": lambda lib: lib.cosine_embedding_loss(x, x, [1, -1, 1]),
+        "triplet_margin_loss": lambda lib: lib.triplet_margin_loss(x, x, soft),
+        "cross_entropy": lambda lib: lib.cross_entropy(x.tolist(), torch.tensor([0, 1, 2])),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_list_operand_calls()))
+def test_non_tensor_operand_raises_type_error_as_torch(name):
+    call = _list_operand_calls()[name]
+    with pytest.raises(TypeError):
+        call(F)
+    with pytest.raises(TypeError, match="must be Tensor, not list"):
+        call(LF)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_cross_entropy_of_non_floating_logits_raises_not_implemented_as_torch(dtype):
+    x = torch.ones(2, 3, dtype=dtype)
+    t = torch.tensor([0, 1])
+    with pytest.raises(NotImplementedError):
+        F.cross_entropy(x, t)
+    with pytest.raises(NotImplementedError, match="logits"):
+        LF.cross_entropy(x, t)
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_unbatched_input_takes_a_one_element_target_as_torch(fn, reduction):
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    for t in (torch.tensor([4]), torch.tensor([4], dtype=torch.uint8)):
+        ours = getattr(LF, fn)(x, t, reduction=reduction)
+        theirs = getattr(F, fn)(x, t.long(), reduction=reduction)
+        assert ours.shape == theirs.shape == ()
+        torch.testing.assert_close(ours, theirs)
+        # torch 2.15 cannot differentiate this call (its backward raises a size mismatch); the gradient must be
+        # that of the same call with a 0-d target
+        (g,) = torch.autograd.grad(ours, x)
+        (g0,) = torch.autograd.grad(getattr(F, fn)(x, t.long().reshape(()), reduction=reduction), x)
+        torch.testing.assert_close(g, g0)
+    with pytest.raises(ValueError):
+        getattr(F, fn)(x, torch.tensor([1, 2]))
+    with pytest.raises(ValueError):
+        getattr(LF, fn)(x, torch.tensor([1, 2]))
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.int32, torch.int16), (torch.uint8, torch.int8)])
+def test_l1_loss_of_integer_tensors_as_torch(dtypes):
+    a = torch.tensor([[1, 5, 3], [0, 7, 2]], dtype=dtypes[0])
+    b = torch.tensor([2, 2, 9], dtype=dtypes[1])  # broadcast over the rows
+    w = torch.tensor([[1.0, 2.0, 0.5], [3.0, 0.0, 1.0]])
+    for kwargs in (dict(reduction="none"), dict(reduction="sum"), dict(reduction="none", weight=w),
+                   dict(reduction="sum", weight=w), dict(reduction="mean", weight=w)):
+        theirs = F.l1_loss(a, b, **kwargs)
+        ours = LF.l1_loss(a, b, **kwargs)
+        assert ours.dtype == theirs.dtype, kwargs
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError):
+        F.l1_loss(a, b)
+    with pytest.raises(NotImplementedError):
+        LF.l1_loss(a, b)
