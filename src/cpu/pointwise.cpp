@@ -112,6 +112,33 @@ struct HwyOps {
     const V one = hn::Set(d, T(1));
     return hn::Div(one, hn::Add(one, ExpAny(d, hn::Neg(a))));
   }
+  // sigmoid(a) and sigmoid(-a), each to full relative accuracy (see ScalarOps::sigmoid_pair): the pieces of
+  // sigmoid above, e r and r assigned by a's sign.
+  HWY_INLINE void sigmoid_pair(V a, V& s, V& s_neg) const {
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
+      const __m512 e = avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)));
+      const __m512 one = _mm512_set1_ps(1.0f);
+      const __m512 u = _mm512_add_ps(one, e);
+      const __m512 r0 = _mm512_rcp14_ps(u);
+      const __m512 r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+      const __m512 er = _mm512_mul_ps(e, r);
+      const __mmask16 neg = _mm512_cmp_ps_mask(a.raw, _mm512_setzero_ps(), _CMP_LT_OQ);
+      const __mmask16 nan = _mm512_cmp_ps_mask(a.raw, a.raw, _CMP_UNORD_Q);
+      s = V{_mm512_mask_blend_ps(nan, _mm512_mask_blend_ps(neg, r, er), a.raw)};
+      s_neg = V{_mm512_mask_blend_ps(nan, _mm512_mask_blend_ps(neg, er, r), a.raw)};
+      return;
+    }
+#endif
+    const V one = hn::Set(d, T(1));
+    const V e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
+    const V r = hn::Div(one, hn::Add(one, e));
+    const V er = hn::Mul(e, r);
+    const M neg = hn::Lt(a, hn::Zero(d));
+    const M nan = hn::IsNaN(a);
+    s = hn::IfThenElse(nan, a, hn::IfThenElse(neg, er, r));
+    s_neg = hn::IfThenElse(nan, a, hn::IfThenElse(neg, r, er));
+  }
   // BCE's -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)) for x in [0, 1] (core checked it: no NaN, no
   // negative, no value above 1, so the edge selects of log and log1p are not needed). When every lane's target is
   // exactly 0 or 1 (hard labels, the common case) one log serves: log x where y = 1, log1p(-x) = log(1 - x) +

@@ -43,6 +43,15 @@ struct ScalarOps {
   LF_HOST_DEVICE V xlogx(V a) const { return a == V(0) ? V(0) : a * std::log(a); }  // torch.xlogy(a, a)
   LF_HOST_DEVICE V exp(V a) const { return std::exp(a); }
   LF_HOST_DEVICE V sigmoid(V a) const { return V(1) / (V(1) + std::exp(-a)); }
+  // sigmoid(a) and sigmoid(-a) = 1 - sigmoid(a), each to full relative accuracy, from one exp: e = e^-|a|,
+  // r = 1 / (1 + e) is the one of a's sign and e r the other. NaN gives NaN in both.
+  LF_HOST_DEVICE void sigmoid_pair(V a, V& s, V& s_neg) const {
+    const V e = std::exp(-std::fabs(a));
+    const V r = V(1) / (V(1) + e);
+    const V er = e * r;
+    s = a < V(0) ? er : r;
+    s_neg = a < V(0) ? r : er;
+  }
   // Binary cross-entropy's negative log-likelihood for x in [0, 1] (checked by the caller) and any y, each log
   // clamped at -100 as torch: -(y max(log x, -100) + (1 - y) max(log1p(-x), -100)).
   LF_HOST_DEVICE V bce_nll(V x, V y) const {
