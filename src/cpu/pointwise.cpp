@@ -94,17 +94,24 @@ struct HwyOps {
     return LogEdges(hn::Add(a, one), FastLog1pPositive(d, safe));
   }
   HWY_INLINE V exp(V a) const { return ExpAny(d, a); }
+#if LOSSFUSE_HWY_LOG_TABLE
+  // e = e^-|a| in [0, 1] and r = 1 / (1 + e) by the reciprocal estimate and one Newton step.
+  static HWY_INLINE void SigmoidPartsAvx3(__m512 a, __m512& e, __m512& r) {
+    e = avx3::ExpNonPositiveAll(_mm512_or_ps(a, _mm512_set1_ps(-0.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 u = _mm512_add_ps(one, e);
+    const __m512 r0 = _mm512_rcp14_ps(u);
+    r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+  }
+#endif
   // 1 / (1 + e^-a). float32 on AVX-512 in the stable form: e = e^-|a| in [0, 1], r = 1 / (1 + e) by the
   // reciprocal estimate and one Newton step (the quotient's error squared: 2^-28, no division, which takes 6
   // cycles a vector), and e r where a < 0; results down to the subnormals, NaN stays NaN. Elsewhere the quotient.
   HWY_INLINE V sigmoid(V a) const {
 #if LOSSFUSE_HWY_LOG_TABLE
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
-      const __m512 e = avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)));
-      const __m512 one = _mm512_set1_ps(1.0f);
-      const __m512 u = _mm512_add_ps(one, e);
-      const __m512 r0 = _mm512_rcp14_ps(u);
-      const __m512 r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+      __m512 e, r;
+      SigmoidPartsAvx3(a.raw, e, r);
       const __m512 s = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(a.raw, _mm512_setzero_ps(), _CMP_LT_OQ), e, r);
       return V{_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.raw, a.raw, _CMP_UNORD_Q), s, a.raw)};
     }
@@ -117,11 +124,8 @@ struct HwyOps {
   HWY_INLINE void sigmoid_pair(V a, V& s, V& s_neg) const {
 #if LOSSFUSE_HWY_LOG_TABLE
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
-      const __m512 e = avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)));
-      const __m512 one = _mm512_set1_ps(1.0f);
-      const __m512 u = _mm512_add_ps(one, e);
-      const __m512 r0 = _mm512_rcp14_ps(u);
-      const __m512 r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+      __m512 e, r;
+      SigmoidPartsAvx3(a.raw, e, r);
       const __m512 er = _mm512_mul_ps(e, r);
       const __mmask16 neg = _mm512_cmp_ps_mask(a.raw, _mm512_setzero_ps(), _CMP_LT_OQ);
       const __mmask16 nan = _mm512_cmp_ps_mask(a.raw, a.raw, _CMP_UNORD_Q);
