@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -181,12 +182,122 @@ struct TripletEval {
   }
 };
 
+// Functors with their operands and results as arrays of pointers (In inputs, Out outputs), run by one generic
+// runner (io_run in the test, reference_io for long double): the row formulas of cross_entropy_math.hpp and the
+// cosine / hinge / soft-margin pieces of margin_math.hpp.
+template <class Acc, int In, int Out>
+struct Io {
+  const Acc* in[In];
+  Acc* out[Out];
+};
+
+// Whole cross-entropy rows through RowSums (the non-tiled kernels' formulas): per row, z = x (no transform), the
+// online log-sum-exp element by element, then with probability targets p (in[1]) and class weights w (in[2]):
+// out[0] the soft-target loss + z-loss, out[1] the index-target loss (target argmax of p) + z-loss, out[2] / out[3]
+// the gradients of both (N x C).
+template <class Acc>
+struct CeRowSumsEval {
+  Io<Acc, 3, 4> io;
+  std::int64_t C;
+  Acc eps, zls;
+  LF_HOST_DEVICE void operator()(std::int64_t r) const {
+    const Acc* x = io.in[0] + r * C;
+    const Acc* pt = io.in[1] + r * C;
+    const Acc* w = io.in[2];
+    lm::CeRowParams<Acc> p;
+    p.eps = eps;
+    p.eps_over_c = eps / static_cast<Acc>(C);
+    p.z_loss_scale = zls;
+    lm::LseState<Acc> st;
+    std::int64_t y = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      st = lm::lse_combine(st, lm::LseState<Acc>{x[c], Acc(1)});
+      p.sum_w += w[c];
+      if (pt[c] > pt[y]) y = c;
+    }
+    lm::RowSums<Acc> rs{st.m, lm::lse_finalize(st), Acc(0), Acc(0), Acc(0)};
+    for (std::int64_t c = 0; c < C; ++c) {
+      rs.sum_wz += w[c] * (x[c] - rs.m);
+      rs.sum_wp += w[c] * pt[c];
+      rs.sum_wpz += w[c] * pt[c] * (x[c] - rs.m);
+    }
+    const Acc zl = lm::z_loss_row(p, rs.lse);
+    io.out[0][r] = lm::ce_soft_row_loss(p, rs) + zl;
+    io.out[1][r] = lm::ce_index_row_loss(p, rs, w[y], x[y]) + zl;
+    const Acc a_soft = lm::ce_soft_grad_a(p, rs), a_index = lm::ce_index_grad_a(p, rs.lse, w[y]);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const Acc q = std::exp(x[c] - rs.lse);
+      io.out[2][r * C + c] = q * a_soft - w[c] * ((Acc(1) - eps) * pt[c] + p.eps_over_c);
+      io.out[3][r * C + c] = q * a_index - w[c] * p.eps_over_c - (c == y ? (Acc(1) - eps) * w[y] : Acc(0));
+    }
+  }
+};
+
+// Cosine-embedding rows (D wide): out[0] the loss for the row's target (in[2][r]: 1, -1 or 0), out[1] / out[2] the
+// gradients of x1 and x2.
+template <class Acc>
+struct CosineEval {
+  Io<Acc, 3, 3> io;
+  std::int64_t D;
+  Acc margin;
+  LF_HOST_DEVICE void operator()(std::int64_t r) const {
+    const Acc* a = io.in[0] + r * D;
+    const Acc* b = io.in[1] + r * D;
+    const double y = static_cast<double>(io.in[2][r]);
+    Acc s12 = 0, s11 = 0, s22 = 0;
+    for (std::int64_t c = 0; c < D; ++c) s12 += a[c] * b[c], s11 += a[c] * a[c], s22 += b[c] * b[c];
+    const lm::CosineRow<Acc> cr = lm::cosine_row(s12, s11, s22);
+    io.out[0][r] = lm::cosine_loss(cr.cos, margin, y);
+    const Acc k = lm::cosine_dloss_dcos(cr.cos, margin, y);
+    for (std::int64_t c = 0; c < D; ++c) {
+      io.out[1][r * D + c] = k * (b[c] * cr.inv_den - a[c] * cr.cos_m1);
+      io.out[2][r * D + c] = k * (a[c] * cr.inv_den - b[c] * cr.cos_m2);
+    }
+  }
+};
+
+// Per element, operands a, b, t (in[0..2]; t in [0, 1]): the hinge terms of z = hinge_z(1, a, b) for p = 1, 2
+// (out[0..3]: values, slopes), the soft-margin term with target t and weight b, its d/dx and d/dy (out[4..6]),
+// log_sigmoid(a) and sigmoid(a) (out[7], out[8]).
+template <class Acc>
+struct MarginTermsEval {
+  Io<Acc, 3, 9> io;
+  LF_HOST_DEVICE void operator()(std::int64_t i) const {
+    const Acc a = io.in[0][i], b = io.in[1][i], t = io.in[2][i];
+    const Acc z = lm::hinge_z(Acc(1), a, b);
+    io.out[0][i] = lm::hinge_value(z, 1);
+    io.out[1][i] = lm::hinge_value(z, 2);
+    io.out[2][i] = lm::hinge_slope(z, 1);
+    io.out[3][i] = lm::hinge_slope(z, 2);
+    io.out[4][i] = lm::soft_margin_term(a, t, b);
+    io.out[5][i] = lm::soft_margin_dx(a, t, b);
+    io.out[6][i] = lm::soft_margin_dy(a, b);
+    io.out[7][i] = lm::log_sigmoid(a);
+    io.out[8][i] = lm::sigmoid(a);
+  }
+};
+
+// Runs f over [0, n) on the host with its pointers set to `in` and to fresh outputs of the given sizes.
+template <class F, class Acc, int In, int Out>
+std::array<std::vector<Acc>, Out> host_io(F f, const std::array<std::vector<Acc>, In>& in,
+                                          const std::array<std::size_t, Out>& out_sizes, std::int64_t n) {
+  std::array<std::vector<Acc>, Out> out;
+  for (int k = 0; k < In; ++k) f.io.in[k] = in[k].data();
+  for (int k = 0; k < Out; ++k) {
+    out[k].assign(out_sizes[k], Acc(0));
+    f.io.out[k] = out[k].data();
+  }
+  run_host(f, n);
+  return out;
+}
+
 // The elementwise losses the test checks (X is applied to each type).
-#define LF_DEVICE_TEST_LOSSES(X)                                                                                       \
-  X(lm::MseLoss)                                                                                                       \
-  X(lm::L1Loss) X(lm::SmoothL1Loss) X(lm::HuberLoss) X(lm::BceLoss) X(lm::BceWithLogitsLoss<false>)                    \
-      X(lm::BceWithLogitsLoss<true>) X(lm::KlDivLoss<false>) X(lm::KlDivLoss<true>) X(lm::PoissonNllLoss<true, false>) \
-          X(lm::PoissonNllLoss<true, true>) X(lm::PoissonNllLoss<false, false>) X(lm::PoissonNllLoss<false, true>)     \
+#define LF_DEVICE_TEST_LOSSES(X)                                                                                     \
+  X(lm::MseLoss)                                                                                                     \
+  X(lm::L1Loss)                                                                                                      \
+  X(lm::SmoothL1Loss) X(lm::HuberLoss) X(lm::BceLoss) X(lm::BceWithLogitsLoss<false>) X(lm::BceWithLogitsLoss<true>) \
+      X(lm::KlDivLoss<false>) X(lm::KlDivLoss<true>) X(lm::PoissonNllLoss<true, false>)                              \
+          X(lm::PoissonNllLoss<true, true>) X(lm::PoissonNllLoss<false, false>) X(lm::PoissonNllLoss<false, true>)   \
               X(lm::GaussianNllLoss) X(lm::HingeEmbeddingLoss) X(lm::MarginRankingLoss)
 
 // Host long double evaluations (device_math_reference.cpp): the references of the double checks.
@@ -202,6 +313,10 @@ void reference_ce(const CeTileRowEval<long double>& shape, const std::vector<lon
 void reference_ctc(const std::vector<long double>& lp, const std::vector<std::int64_t>& labels, std::int64_t N,
                    std::int64_t T, std::int64_t C, std::int64_t S, std::vector<long double>& nll,
                    std::vector<long double>& grad);
+// host_io of E<long double>, for E in CeRowSumsEval, CosineEval, MarginTermsEval (f's other fields as given).
+template <class F, int In, int Out>
+std::array<std::vector<long double>, Out> reference_io(const F& f, const std::array<std::vector<long double>, In>& in,
+                                                       const std::array<std::size_t, Out>& out_sizes, std::int64_t n);
 void reference_triplet(const std::vector<long double>& a, const std::vector<long double>& p,
                        const std::vector<long double>& n, std::int64_t N, std::int64_t D, double pnorm, bool swap,
                        std::vector<long double>& loss, std::vector<long double>& grad);

@@ -48,6 +48,21 @@ void reference_ctc(const std::vector<long double>& lp, const std::vector<std::in
            N);
 }
 
+template <class F, int In, int Out>
+std::array<std::vector<long double>, Out> reference_io(const F& f, const std::array<std::vector<long double>, In>& in,
+                                                       const std::array<std::size_t, Out>& out_sizes, std::int64_t n) {
+  return host_io<F, long double, In, Out>(f, in, out_sizes, n);
+}
+template std::array<std::vector<long double>, 4> reference_io<CeRowSumsEval<long double>, 3, 4>(
+    const CeRowSumsEval<long double>&, const std::array<std::vector<long double>, 3>&,
+    const std::array<std::size_t, 4>&, std::int64_t);
+template std::array<std::vector<long double>, 3> reference_io<CosineEval<long double>, 3, 3>(
+    const CosineEval<long double>&, const std::array<std::vector<long double>, 3>&, const std::array<std::size_t, 3>&,
+    std::int64_t);
+template std::array<std::vector<long double>, 9> reference_io<MarginTermsEval<long double>, 3, 9>(
+    const MarginTermsEval<long double>&, const std::array<std::vector<long double>, 3>&,
+    const std::array<std::size_t, 9>&, std::int64_t);
+
 void reference_triplet(const std::vector<long double>& a, const std::vector<long double>& p,
                        const std::vector<long double>& n, std::int64_t N, std::int64_t D, double pnorm, bool swap,
                        std::vector<long double>& loss, std::vector<long double>& grad) {

@@ -1,13 +1,16 @@
 // Runs the shared math of src/math on a CUDA device and checks what it computes there against the same functions
 // evaluated on the host: the elementwise losses (value and every gradient), the float16 / bfloat16 conversions
-// (bit for bit, every 16-bit pattern), cross-entropy rows by the online log-sum-exp over vocabulary tiles
-// (loss, lse and the gradient of every logit, with and without soft-cap and label smoothing), whole CTC
-// alpha / beta recursions with their gradient, and triplet-margin rows for each norm kind.
+// (bit for bit, every 16-bit pattern), cross-entropy rows by the online log-sum-exp over vocabulary tiles (loss,
+// lse and the gradient of every logit, with and without soft-cap and label smoothing) and through RowSums
+// (probability and index targets, class weights, smoothing, z-loss), whole CTC alpha / beta recursions with their
+// gradient, triplet-margin rows for each norm kind, cosine-embedding rows (zero vectors included) and the hinge and
+// soft-margin terms of the margin losses.
 //
-// For float the reference is the host's float64 evaluation of the same function on the same (float) inputs; the
-// device's error against it may be at most 4x the host float32 error plus 64 ulp of the reference's magnitude
-// (nvcc contracts a * b + c into FMAs and its libm differs from glibc's by an ulp or two). NaN and infinity must
-// match the host's float32 result. For double the device result is compared with the host double result.
+// For float the reference is the host's float64 evaluation of the same function on the same (float) inputs, for
+// double the host's long double one (device_math_reference.cpp). The device's error against it may be 4x the
+// host's own error in that precision, plus 4x the reference's move when an operand moves by one ulp (elementwise
+// checks), plus 64 ulp of the magnitude of the terms the formula rounds (see close): nvcc contracts a * b + c into
+// FMAs and its libm differs from glibc's by an ulp or two. NaN and infinity must match the host's result.
 //
 // Exit status: 0 every check passed, 1 a check failed, 77 no CUDA device here (ctest reports the test skipped),
 // 2 a CUDA error.
@@ -20,6 +23,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -499,6 +503,171 @@ void check_triplet(double pnorm, bool swap) {
   }
 }
 
+// ------------------------------------------------------------------------- row sums, cosine and margin terms
+
+// Runs f (an Io functor in Acc) over [0, n): on the device, on the host, or (long double) by the reference TU.
+template <class F, class Acc, int In, int Out>
+std::array<std::vector<Acc>, Out> io_run(F f, const std::array<std::vector<Acc>, In>& in,
+                                         const std::array<std::size_t, Out>& out_sizes, std::int64_t n, bool device) {
+  if constexpr (std::is_same_v<Acc, long double>) {
+    return reference_io<F, In, Out>(f, in, out_sizes, n);
+  } else {
+    if (!device) return host_io<F, Acc, In, Out>(f, in, out_sizes, n);
+    std::vector<std::unique_ptr<DeviceArray<Acc>>> din, dout;
+    for (int k = 0; k < In; ++k) {
+      din.push_back(std::make_unique<DeviceArray<Acc>>(in[k]));
+      f.io.in[k] = din.back()->p;
+    }
+    for (int k = 0; k < Out; ++k) {
+      dout.push_back(std::make_unique<DeviceArray<Acc>>(std::vector<Acc>(out_sizes[k], Acc(0))));
+      f.io.out[k] = dout.back()->p;
+    }
+    run_device(f, n);
+    std::array<std::vector<Acc>, Out> out;
+    for (int k = 0; k < Out; ++k) out[k] = dout[k]->get();
+    return out;
+  }
+}
+
+template <class W, int In>
+std::array<std::vector<W>, In> widen_all(const std::array<std::vector<float>, In>& in) {
+  std::array<std::vector<W>, In> out;
+  for (int k = 0; k < In; ++k) out[k] = widen<W>(in[k]);
+  return out;
+}
+
+// Runs make<Acc>() (the functor for Acc) on the float inputs in float and double, device and host, and in long
+// double, and checks every output. tol(k, i) gives {scale, rel} of output k's element i (see close). sensitive: the
+// functor is elementwise (n == every input's size), so the reference's move under a one-ulp move of each operand
+// is measured and allowed for.
+template <int In, int Out, class Make, class Tol>
+void check_io(const std::string& name, const Make& make, const std::array<std::vector<float>, In>& in,
+              const std::array<std::size_t, Out>& out_sizes, std::int64_t n, const Tol& tol, bool sensitive) {
+  const auto ind = widen_all<double, In>(in);
+  const auto inl = widen_all<long double, In>(in);
+  const auto hf = io_run<decltype(make.template operator()<float>()), float, In, Out>(make.template operator()<float>(),
+                                                                                      in, out_sizes, n, false);
+  const auto df = io_run<decltype(make.template operator()<float>()), float, In, Out>(make.template operator()<float>(),
+                                                                                      in, out_sizes, n, true);
+  const auto hd = io_run<decltype(make.template operator()<double>()), double, In, Out>(
+      make.template operator()<double>(), ind, out_sizes, n, false);
+  const auto dd = io_run<decltype(make.template operator()<double>()), double, In, Out>(
+      make.template operator()<double>(), ind, out_sizes, n, true);
+  const auto hl = io_run<decltype(make.template operator()<long double>()), long double, In, Out>(
+      make.template operator()<long double>(), inl, out_sizes, n, false);
+  std::array<std::vector<long double>, Out> sf, sd;
+  for (int k = 0; k < Out; ++k) sf[k].assign(out_sizes[k], 0.0L), sd[k].assign(out_sizes[k], 0.0L);
+  if (sensitive) {
+    for (int op = 0; op < In; ++op) {
+      for (int sign : {-1, 1}) {
+        auto pd = ind;
+        auto pl = inl;
+        for (auto& v : pd[op]) v *= 1 + sign * 1.1920928955078125e-07;
+        for (auto& v : pl[op]) v *= 1 + sign * 2.220446049250313e-16L;
+        const auto md = io_run<decltype(make.template operator()<double>()), double, In, Out>(
+            make.template operator()<double>(), pd, out_sizes, n, false);
+        const auto ml = io_run<decltype(make.template operator()<long double>()), long double, In, Out>(
+            make.template operator()<long double>(), pl, out_sizes, n, false);
+        for (int k = 0; k < Out; ++k)
+          for (std::size_t i = 0; i < out_sizes[k]; ++i) {
+            const long double ef = std::fabs(static_cast<long double>(md[k][i]) - hd[k][i]);
+            const long double el = std::fabs(ml[k][i] - hl[k][i]);
+            if (ef > sf[k][i]) sf[k][i] = ef;
+            if (el > sd[k][i]) sd[k][i] = el;
+          }
+      }
+    }
+  }
+  for (int k = 0; k < Out; ++k) {
+    const std::string what = name + " out" + std::to_string(k);
+    for (std::size_t i = 0; i < out_sizes[k]; ++i) {
+      const std::array<double, 2> t = tol(k, i, hd);
+      close<float>(what + " float", i, df[k][i], hf[k][i], hd[k][i], t[0], t[1], sf[k][i]);
+      close<double>(what + " double", i, dd[k][i], hd[k][i], hl[k][i], t[0], t[1], sd[k][i]);
+    }
+  }
+}
+
+void check_ce_row_sums(double eps, double zls) {
+  const std::int64_t N = 32, C = 4000;
+  std::mt19937_64 rng(static_cast<std::uint64_t>(eps * 1000 + zls * 1e6) + 3);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> unit(0.5, 2.0);
+  std::vector<float> x(N * C), pt(N * C), w(C);
+  std::vector<double> row_mag(N, 0.0);
+  for (std::int64_t r = 0; r < N; ++r) {
+    const double offset = (r % 4 == 1) ? 500.0 : (r % 4 == 2 ? -200.0 : 0.0);
+    double sum = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      x[r * C + c] = static_cast<float>(offset + 4.0 * normal(rng));
+      row_mag[r] = std::fmax(row_mag[r], std::fabs(x[r * C + c]));
+      const double e = std::exp(2.0 * normal(rng));
+      pt[r * C + c] = static_cast<float>(e);
+      sum += e;
+    }
+    for (std::int64_t c = 0; c < C; ++c) pt[r * C + c] = static_cast<float>(pt[r * C + c] / sum);
+  }
+  for (auto& v : w) v = static_cast<float>(unit(rng));
+  const auto make = [&]<class Acc>() {
+    return CeRowSumsEval<Acc>{{}, C, static_cast<Acc>(eps), static_cast<Acc>(zls)};
+  };
+  const double tiny = 1e-3 / static_cast<double>(C);
+  // losses round at the row's magnitude (lse, max z); gradients are exp(z - lse) (rel) less w eps / C terms
+  const auto tol = [&](int k, std::size_t i, const std::array<std::vector<double>, 4>&) -> std::array<double, 2> {
+    if (k < 2) return {row_mag[i] * (1 + 2 * zls * row_mag[i]) + 1, 1};
+    const double rel = 1 + row_mag[i / C] * (1 + 2 * zls * row_mag[i / C]);
+    return {tiny + rel * (eps / static_cast<double>(C) + 1e-30), rel};
+  };
+  char tag[64];
+  std::snprintf(tag, sizeof tag, "ce row sums eps=%g zls=%g", eps, zls);
+  check_io<3, 4>(tag, make, {x, pt, w}, {std::size_t(N), std::size_t(N), std::size_t(N * C), std::size_t(N * C)}, N,
+                 tol, false);
+}
+
+void check_cosine() {
+  const std::int64_t N = 512, D = 33;
+  std::mt19937_64 rng(21);
+  std::vector<double> a = sample(Domain::real, N * D, rng), b = sample(Domain::real, N * D, rng);
+  for (auto* v : {&a, &b})
+    for (double& e : *v) e = std::fabs(e) > 1e3 ? std::copysign(3.0, e) : e;
+  for (std::int64_t c = 0; c < D; ++c) a[5 * D + c] = 0.0, b[6 * D + c] = 0.0, b[7 * D + c] = 2 * a[7 * D + c];
+  std::vector<float> y(N);
+  for (std::int64_t r = 0; r < N; ++r) y[r] = r % 3 == 0 ? 1.0f : (r % 3 == 1 ? -1.0f : 0.0f);
+  const auto make = [&]<class Acc>() { return CosineEval<Acc>{{}, D, static_cast<Acc>(0.1)}; };
+  const auto tol = [&](int, std::size_t, const std::array<std::vector<double>, 3>&) -> std::array<double, 2> {
+    return {1.0, 1.0};
+  };
+  check_io<3, 3>("cosine_embedding", make,
+                 {std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end()), y},
+                 {std::size_t(N), std::size_t(N * D), std::size_t(N * D)}, N, tol, false);
+}
+
+void check_margin_terms() {
+  const std::size_t n = 20000;
+  std::mt19937_64 rng(33);
+  const std::vector<double> a = sample(Domain::real, n, rng), b = sample(Domain::real, n, rng),
+                            t = sample(Domain::unit, n, rng);
+  const auto make = [&]<class Acc>() { return MarginTermsEval<Acc>{}; };
+  // The magnitude of each output's terms: the hinge terms and d/dy are exact up to their last rounding (relative
+  // only); the soft-margin term rounds at |w| (|a| + 1), its d/dx cancels sigmoid(a) - t at |w|, log_sigmoid
+  // rounds at |min(a, 0)|, sigmoid is relative.
+  const auto tol = [&](int k, std::size_t i, const std::array<std::vector<double>, 9>&) -> std::array<double, 2> {
+    const double fa = static_cast<float>(a[i]), fb = static_cast<float>(b[i]);
+    switch (k) {
+      case 4: return {std::fabs(fb) * (std::fabs(fa) + 1), 1.0};
+      case 5: return {std::fabs(fb), 1.0};
+      case 7: return {std::fmax(-fa, 0.0), 1.0};
+      default: return {0.0, 1.0};
+    }
+  };
+  std::array<std::size_t, 9> sizes;
+  sizes.fill(n);
+  check_io<3, 9>("margin terms", make,
+                 {std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end()),
+                  std::vector<float>(t.begin(), t.end())},
+                 sizes, static_cast<std::int64_t>(n), tol, true);
+}
+
 }  // namespace
 
 int main() {
@@ -520,6 +689,10 @@ int main() {
   check_ctc();
   for (double pnorm : {0.0, 1.0, 2.0, 3.0, static_cast<double>(INFINITY)})
     for (bool swap : {false, true}) check_triplet(pnorm, swap);
+  for (double eps : {0.0, 0.1})
+    for (double zls : {0.0, 1e-4}) check_ce_row_sums(eps, zls);
+  check_cosine();
+  check_margin_terms();
 
   for (const auto& [what, count] : g_tally.failures) std::printf("failed: %s: %lld\n", what.c_str(), count);
   std::printf("%lld values checked, %lld failed\n", g_tally.checked, g_tally.failed);
