@@ -27,6 +27,14 @@ def check_tensors(name, *named):
                             f"{type(value).__name__}")
 
 
+def check_optional_tensors(name, *named):
+    """check_tensors for optional operands (None allowed); named: (argument name, position, value)."""
+    for arg, position, value in named:
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}(): argument '{arg}' (position {position}) must be Tensor, not "
+                            f"{type(value).__name__}")
+
+
 def acc_dtype(t):
     """The dtype lossfuse stores losses in: float64 for float64 inputs, float32 otherwise."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32

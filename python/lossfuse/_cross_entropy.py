@@ -3,8 +3,8 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (_plain_eager, check_tensors, acc_dtype, as_argument_error, new_grad, new_loss, ops, reduction_code,
-                      register_autograd, to_input_dtype)
+from ._common import (acc_dtype, as_argument_error, check_optional_tensors, check_tensors, new_grad, new_loss, ops,
+                      _plain_eager, reduction_code, register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -207,6 +207,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
+    check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
     soft = target.is_floating_point()
@@ -215,7 +216,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         dtype = torch.promote_types(input.dtype, target.dtype)
         input, target = input.to(dtype), target.to(dtype)
     args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
-    fitted, fitted_target, restore = _fit_class_dims(input, target, soft)
+    fitted, fitted_target, restore = _fit_class_dims(input, target, soft, same_shape_is_soft=True)
     if _weight_needs_grad("cross_entropy", weight, soft):
         # torch differentiates the class weights of probability targets; so does its composition, used here
         with torch.no_grad():
@@ -253,7 +254,7 @@ def _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss):
 def _check_tensors(name, input, target):
     """torch's TypeError for non-tensors, and its NotImplementedError for logits that are not floating."""
     check_tensors(name, ("input", input), ("target", target))
-    if not input.is_floating_point() and not input.is_complex():
+    if not input.is_floating_point():
         raise NotImplementedError(f"lossfuse: {name}: input: expected float32, float64, float16 or bfloat16 "
                                   f"logits, got {input.dtype}")
     return input, target
@@ -270,11 +271,13 @@ def _weight_needs_grad(name, weight, soft):
     return True
 
 
-def _fit_class_dims(input, target, soft):
+def _fit_class_dims(input, target, soft, same_shape_is_soft=False):
     """Inputs of more dims than the kernels take (N, C, d1, ..., dk) as (N, C, d1 * ... * dk), targets alike.
     Returns them and a function giving a per-row result ((N, d1 * ... * dk) or 0-d) its shape back.
-    An unbatched input (C) takes a class-index target of one element, (1) as well as (), as torch does."""
-    if input.dim() == 1 and not soft and target.dim() == 1 and target.numel() == 1:
+    An unbatched input (C) takes a class-index target of one element, (1) as well as (), as torch does (but for
+    C = 1 in cross_entropy, same_shape_is_soft, where torch reads the equal shapes as probabilities)."""
+    if (input.dim() == 1 and not soft and target.dim() == 1 and target.numel() == 1
+            and not (same_shape_is_soft and input.shape == target.shape)):
         return input, target.reshape(()), None
     if input.dim() <= _MAX_DIMS:
         return input, target, None
@@ -286,6 +289,7 @@ def _fit_class_dims(input, target, soft):
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """torch.nn.functional.nll_loss; targets of any integer dtype."""
+    check_optional_tensors("nll_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("nll_loss", input, target)
     _weight_needs_grad("nll_loss", weight, False)

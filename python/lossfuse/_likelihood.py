@@ -14,7 +14,7 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -245,6 +245,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     weighted mean = mean(w l). input and target of one shape and one floating dtype; every input and target element
     in [0, 1] (else RuntimeError naming the first bad one). The weight broadcasts to the input; it gets no
     gradient."""
+    check_optional_tensors("binary_cross_entropy", ("weight", 3, weight))
     red = _bce_reduction(reduction, size_average, reduce)
     if target.size() != input.size():
         raise ValueError(f"Using a target size ({target.size()}) that is different to the input size "
@@ -267,6 +268,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     """torch.nn.functional.binary_cross_entropy_with_logits: -w [pw y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))],
     computed stably; weighted mean = mean(w l). input and target of one shape; weight and pos_weight broadcast to it
     (pos_weight's (C) along the last dim) and get no gradient. The loss has the target's dtype, as torch."""
+    check_optional_tensors("binary_cross_entropy_with_logits", ("weight", 3, weight), ("pos_weight", 7, pos_weight))
     red = _bce_reduction(reduction, size_average, reduce)
     if target.size() != input.size():
         raise ValueError(f"Target size ({target.size()}) must be the same as input size ({input.size()})")

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -344,6 +344,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     """torch.nn.functional.multi_margin_loss: sum_{j != y} w_y max(0, margin - x_y + x_j)^p / C per sample, for
     (N, C) or (C) inputs. Also for float16/bfloat16 inputs (torch: float32/float64 only); targets of any integer
     dtype and weights of any float dtype (torch: int64, the input's dtype)."""
+    check_optional_tensors("multi_margin_loss", ("weight", 5, weight))
     check_tensors("multi_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     if p != 1 and p != 2:
@@ -398,6 +399,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     """torch.nn.functional.multilabel_soft_margin_loss: -(1/C) sum_c w_c [y log sigmoid(x) + (1 - y) log
     sigmoid(-x)] per row of the last dim; the target broadcasts with the input and is differentiated too, as
     torch."""
+    check_optional_tensors("multilabel_soft_margin_loss", ("weight", 3, weight))
     check_tensors("multilabel_soft_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
     _check_floating_input("multilabel_soft_margin_loss", input)

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import check_tensors, new_grad, new_loss, reduction_code, ops, register_autograd
+from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -343,6 +343,7 @@ def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weigh
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """torch.nn.functional.mse_loss: (input - target)^2, weighted mean = sum(w l) / sum(w)."""
+    check_optional_tensors("mse_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
     dtype = _floating_result_type("mse_loss", input, target)
@@ -351,6 +352,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """torch.nn.functional.l1_loss: |input - target|, weighted mean = sum(w l) / sum(w)."""
+    check_optional_tensors("l1_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
     if input.dtype == torch.bool or target.dtype == torch.bool:
@@ -393,6 +395,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta); weighted mean =
     mean(w l). Computed in the input's dtype (a weight can promote it), as torch."""
+    check_optional_tensors("huber_loss", ("weight", 5, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction)
     dtype = _floating_input_type("huber_loss", input)

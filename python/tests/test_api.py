@@ -221,6 +221,11 @@ def _list_operand_calls():
         "cosine_embedding_loss": lambda lib: lib.cosine_embedding_loss(x, x, [1, -1, 1]),
         "triplet_margin_loss": lambda lib: lib.triplet_margin_loss(x, x, soft),
         "cross_entropy": lambda lib: lib.cross_entropy(x.tolist(), torch.tensor([0, 1, 2])),
+        "cross_entropy weight": lambda lib: lib.cross_entropy(x, torch.tensor([0, 1, 2]), weight=[1.0] * 4),
+        "nll_loss weight": lambda lib: lib.nll_loss(x, torch.tensor([0, 1, 2]), weight=[1.0] * 4),
+        "bce_with_logits weight": lambda lib: lib.binary_cross_entropy_with_logits(x, x, weight=[1.0] * 4),
+        "bce_with_logits pos_weight": lambda lib: lib.binary_cross_entropy_with_logits(x, x, pos_weight=[1.0] * 4),
+        "multilabel_soft_margin weight": lambda lib: lib.multilabel_soft_margin_loss(x, x, weight=[1.0] * 4),
     }
 
 
@@ -233,7 +238,7 @@ def test_non_tensor_operand_raises_type_error_as_torch(name):
         call(LF)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64])
 def test_cross_entropy_of_non_floating_logits_raises_not_implemented_as_torch(dtype):
     x = torch.ones(2, 3, dtype=dtype)
     t = torch.tensor([0, 1])
@@ -261,6 +266,16 @@ def test_unbatched_input_takes_a_one_element_target_as_torch(fn, reduction):
         getattr(F, fn)(x, torch.tensor([1, 2]))
     with pytest.raises(ValueError):
         getattr(LF, fn)(x, torch.tensor([1, 2]))
+    # one class: cross_entropy reads a (1) target of a (1) input as probabilities (an integer one is an error);
+    # nll_loss takes it as the class index
+    x1, t1 = torch.randn(1, dtype=torch.float64), torch.tensor([0])
+    if fn == "cross_entropy":
+        with pytest.raises(RuntimeError):
+            F.cross_entropy(x1, t1)
+        with pytest.raises(RuntimeError):
+            LF.cross_entropy(x1, t1)
+    else:
+        torch.testing.assert_close(LF.nll_loss(x1, t1, reduction=reduction), F.nll_loss(x1, t1, reduction=reduction))
 
 
 @pytest.mark.filterwarnings("ignore:Using a target size")

@@ -380,14 +380,17 @@ void check_ce(std::int64_t C, std::int64_t tile, double scale, double softcap, d
   // size eps / C; 1e-3 / C of absolute slack for the tiniest probabilities.
   const double tiny = 1e-3 / static_cast<double>(C);
   for (std::int64_t i = 0; i < N * C; ++i) {
-    double rel = 1 + std::fabs(sd[i / C]);
+    const double lse_rel = 1 + std::fabs(sd[i / C]);
+    double rel = lse_rel, dzdx = scale;
     if (softcap > 0) {
       const double th = std::tanh(xd[i] * scale / softcap);
       rel += 4 / std::fmax(1 - th * th, 1e-300);
+      dzdx *= 1 - th * th;
     }
-    const double scale = tiny + rel * eps / static_cast<double>(C);
-    close<float>(t + " grad float", i, dgf[i], gf[i], gd[i], scale, rel);
-    close<double>(t + " grad double", i, dgd[i], gd[i], gL[i], scale, rel);
+    // the absolute part scales with the element's dz/dx like the gradient itself
+    const double abs_scale = (tiny + lse_rel * eps / static_cast<double>(C)) * dzdx;
+    close<float>(t + " grad float", i, dgf[i], gf[i], gd[i], abs_scale, rel);
+    close<double>(t + " grad double", i, dgd[i], gd[i], gL[i], abs_scale, rel);
   }
 }
 
@@ -672,8 +675,9 @@ void check_margin_terms() {
 
 int main() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
+  const cudaError_t found = cudaGetDeviceCount(&count);
+  if (found != cudaSuccess || count == 0) {
+    std::printf("no usable CUDA device (%s): skipped\n", found != cudaSuccess ? cudaGetErrorString(found) : "none");
     return 77;
   }
   cudaDeviceProp prop{};
