@@ -292,12 +292,13 @@ std::array<std::vector<Acc>, Out> host_io(F f, const std::array<std::vector<Acc>
 }
 
 // The elementwise losses the test checks (X is applied to each type).
-#define LF_DEVICE_TEST_LOSSES(X)                                                                                     \
-  X(lm::MseLoss)                                                                                                     \
-  X(lm::L1Loss)                                                                                                      \
-  X(lm::SmoothL1Loss) X(lm::HuberLoss) X(lm::BceLoss) X(lm::BceWithLogitsLoss<false>) X(lm::BceWithLogitsLoss<true>) \
-      X(lm::KlDivLoss<false>) X(lm::KlDivLoss<true>) X(lm::PoissonNllLoss<true, false>)                              \
-          X(lm::PoissonNllLoss<true, true>) X(lm::PoissonNllLoss<false, false>) X(lm::PoissonNllLoss<false, true>)   \
+#define LF_DEVICE_TEST_LOSSES(X)                                                                                   \
+  X(lm::MseLoss)                                                                                                   \
+  X(lm::L1Loss)                                                                                                    \
+  X(lm::SmoothL1Loss)                                                                                              \
+  X(lm::HuberLoss) X(lm::BceLoss) X(lm::BceWithLogitsLoss<false>) X(lm::BceWithLogitsLoss<true>)                   \
+      X(lm::KlDivLoss<false>) X(lm::KlDivLoss<true>) X(lm::PoissonNllLoss<true, false>)                            \
+          X(lm::PoissonNllLoss<true, true>) X(lm::PoissonNllLoss<false, false>) X(lm::PoissonNllLoss<false, true>) \
               X(lm::GaussianNllLoss) X(lm::HingeEmbeddingLoss) X(lm::MarginRankingLoss)
 
 // Host long double evaluations (device_math_reference.cpp): the references of the double checks.
@@ -313,6 +314,12 @@ void reference_ce(const CeTileRowEval<long double>& shape, const std::vector<lon
 void reference_ctc(const std::vector<long double>& lp, const std::vector<std::int64_t>& labels, std::int64_t N,
                    std::int64_t T, std::int64_t C, std::int64_t S, std::vector<long double>& nll,
                    std::vector<long double>& grad);
+// A first-order bound on the absolute rounding error of the elementwise formulas evaluated with unit roundoff u
+// (value, d/dx, d/dy, d/dz), from the formulas themselves run with bound-tracking ops in double.
+template <class Loss>
+std::array<std::vector<double>, 4> pointwise_error_bound(const std::vector<double>& x, const std::vector<double>& y,
+                                                         const std::vector<double>& z, const std::vector<double>& g,
+                                                         double a, double b, double u);
 // host_io of E<long double>, for E in CeRowSumsEval, CosineEval, MarginTermsEval (f's other fields as given).
 template <class F, int In, int Out>
 std::array<std::vector<long double>, Out> reference_io(const F& f, const std::array<std::vector<long double>, In>& in,
