@@ -69,6 +69,19 @@ HWY_INLINE V Transform(D d, V x, const math::LogitTransform<hn::TFromD<D>>& xf, 
   }
 }
 
+// Whether contiguous bfloat16 rows go two vectors at a time (LoadEvenOdd): rows without the position-dependent sums
+// of soft targets and label smoothing. RowStats then keeps the exps of each chunk's pairs in pair order (the even
+// elements' vector, then the odd ones'), and RowGradFromE reads them so.
+template <class T, bool kSoft, class Acc>
+HWY_INLINE bool PairRows(const RowCtx<Acc>& cx) {
+  return std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR && !kSoft && !cx.need_wz;
+}
+
+// The end of a chunk's pairs [c0, end): where RowStats's pair loop stops (then one vector at a time).
+HWY_INLINE std::int64_t PairsEnd(std::int64_t c0, std::int64_t end, std::int64_t lanes) {
+  return c0 + (end - c0) / (2 * lanes) * (2 * lanes);
+}
+
 // Forward statistics of one contiguous row. Returns false for a non-finite row (NaN or +inf in z, or only
 // -inf), whose lse is NaN.
 // One pass per chunk: z is formed in registers, and exp(z - shift) summed with the shift known before the chunk
@@ -128,7 +141,37 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
       const V vsh = hn::Set(d, shift);
       V vs = hn::Zero(d), vs_wz = swz, vs_wp = swp, vs_wpz = swpz, vm = vmax;
       const bool with_sums = sums && attempt == 0;
-      for (std::int64_t c = c0; c < end; c += N) {
+      std::int64_t c = c0;
+      if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+        // PairRows: two vectors at a time (the sum and max do not care about lane order), exps kept in pair order
+        if (PairRows<T, kSoft>(cx)) {
+          V vs1 = hn::Zero(d), vm1 = vm;
+          for (const std::int64_t pend = PairsEnd(c0, end, N); c < pend; c += 2 * N) {
+            if (((c - c0) * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
+              __builtin_prefetch(next + (c - c0) * static_cast<std::int64_t>(sizeof(T)));
+            }
+            V z0, z1, th;
+            LoadEvenOdd(d, x + c, z0, z1);
+            if (!unit) {
+              z0 = Transform<kCap>(d, z0, cx.xf, &th);
+              z1 = Transform<kCap>(d, z1, cx.xf, &th);
+            }
+            vm = hn::Max(vm, z0);
+            vm1 = hn::Max(vm1, z1);
+            const V e0 = FastExp(d, hn::Sub(z0, vsh));
+            const V e1 = FastExp(d, hn::Sub(z1, vsh));
+            vs = hn::Add(vs, e0);
+            vs1 = hn::Add(vs1, e1);
+            if (e != nullptr) {
+              hn::StoreU(e0, d, e + c);
+              hn::StoreU(e1, d, e + c + N);
+            }
+          }
+          vs = hn::Add(vs, vs1);
+          vm = hn::Max(vm, vm1);
+        }
+      }
+      for (; c < end; c += N) {
         // While this chunk is summed, the chunk after next (or the next row) is fetched: one prefetch per cache
         // line (prefetches never fault, also past the end of the logits).
         if (((c - c0) * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
@@ -286,6 +329,19 @@ HWY_INLINE std::int64_t StoreVectors(D d, std::int64_t c, std::int64_t end, T* g
   return c;
 }
 
+// For PairRows: stores pair(i, even, odd), the gradient vectors of the even and odd classes in [i, i + 2 lanes), for
+// i = c, c + 2 lanes, ... below `end` (a PairsEnd); returns `end`. kPairHw, kStream: as StoreVectors.
+template <bool kPairHw, bool kStream, class D, class F>
+HWY_INLINE std::int64_t StorePairs(D d, std::int64_t c, std::int64_t end, hwy::bfloat16_t* g, const F& pair) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  for (; c < end; c += 2 * N) {
+    hn::Vec<D> even, odd;
+    pair(c, even, odd);
+    StoreEvenOdd<kPairHw, kStream>(d, even, odd, g + c);
+  }
+  return c;
+}
+
 // Gradients of at least this many bytes are written by streaming stores where the layout allows (float32 rows,
 // bfloat16 rows with the hardware conversion; each row 64-byte aligned): they exceed the last-level cache, so
 // cached stores would first read every line they overwrite (a third more memory traffic for fwd+bwd). Smaller
@@ -315,6 +371,19 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
     using V = hn::Vec<decltype(d)>;
     const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
     const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+      if (PairRows<T, kSoft>(cx)) {
+        const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+        c = StorePairs<kPairHw, kStream>(d, c, PairsEnd(0, C, N), g, [&](std::int64_t i, V& even, V& odd) {
+          V z0, z1, th0 = k.one, th1 = k.one;
+          LoadEvenOdd(d, x + i, z0, z1);
+          z0 = Transform<kCap>(d, z0, cx.xf, &th0);
+          z1 = Transform<kCap>(d, z1, cx.xf, &th1);
+          even = GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z0, vlse)), vA), th0, i, pt, cx, k);
+          odd = GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z1, vlse)), vA), th1, i, pt, cx, k);
+        });
+      }
+    }
     c = StoreVectors<kPairHw, kStream>(d, c, C, g, [&](std::int64_t i) {
       V th = k.one;
       const V z = Transform<kCap>(d, LoadAcc(d, x + i), cx.xf, &th);
@@ -340,7 +409,24 @@ HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, 
     const std::int64_t end = std::min(C, c0 + kC);
     const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
     const V vfa = hn::Set(d, fa);
-    std::int64_t c = StoreVectors<kPairHw, kStream>(d, c0, end, g, [&](std::int64_t i) {
+    std::int64_t c = c0;
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+      if (PairRows<T, kSoft>(cx)) {  // the exps of [c0, PairsEnd) are in pair order
+        const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+        c = StorePairs<kPairHw, kStream>(d, c, PairsEnd(c0, end, N), g, [&](std::int64_t i, V& even, V& odd) {
+          V th0 = k.one, th1 = k.one;
+          if constexpr (kCap) {
+            V x0, x1;
+            LoadEvenOdd(d, x + i, x0, x1);
+            (void)Transform<true>(d, x0, cx.xf, &th0);
+            (void)Transform<true>(d, x1, cx.xf, &th1);
+          }
+          even = GradValue<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + i), vfa), th0, i, pt, cx, k);
+          odd = GradValue<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + i + N), vfa), th1, i, pt, cx, k);
+        });
+      }
+    }
+    c = StoreVectors<kPairHw, kStream>(d, c, end, g, [&](std::int64_t i) {
       V th = k.one;
       if constexpr (kCap) (void)Transform<true>(d, LoadAcc(d, x + i), cx.xf, &th);
       return GradValue<kCap, kSoft>(d, hn::Mul(hn::LoadU(d, e + i), vfa), th, i, pt, cx, k);

@@ -11,6 +11,7 @@
 #define LOSSFUSE_CPU_HWY_IO_INL_H_
 #endif
 
+#include <cstdint>
 #include <cstring>
 
 #include "hwy/highway.h"
@@ -47,6 +48,20 @@ template <class D>
 HWY_INLINE hn::Vec<D> LoadAcc(D d, const hwy::bfloat16_t* p) {
   return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::bfloat16_t, D>(), p));
 }
+// 2N bfloat16 values from p as two float vectors, the even-indexed elements and the odd-indexed ones: they load
+// as N 32-bit words whose low halves (shifted up) are the even elements and whose high halves (masked) the odd
+// ones. Two operations per two vectors, against a widening shuffle and a shift per vector for LoadAcc (on Zen 4
+// the shuffle costs about 2 cycles per vector). For sums and maxima, which do not care which lane holds which
+// element, and for elementwise results stored back in element order by StoreEvenOdd.
+template <class D>
+HWY_INLINE void LoadEvenOdd(D d, const hwy::bfloat16_t* p, hn::Vec<D>& even, hn::Vec<D>& odd) {
+  static_assert(sizeof(hn::TFromD<D>) == 4, "float lanes");
+  const hn::RebindToUnsigned<D> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+  even = hn::BitCast(d, hn::ShiftLeft<16>(w));
+  odd = hn::BitCast(d, hn::And(w, hn::Set(du, 0xffff0000u)));
+}
+
 // Targets with F16C (AVX2 and better) convert float16 in hardware. Highway 1.0.3 emulates the conversion
 // elsewhere and mishandles inf and NaN there, so those targets convert lane by lane with src/math/half.hpp.
 #undef LOSSFUSE_HWY_NATIVE_F16
@@ -79,17 +94,21 @@ template <class D>
 HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, double* p) {
   hn::StoreU(v, d, p);
 }
+// float lanes rounded to bfloat16 (to nearest even; NaN quieted, sign and payload's top bits kept): the result's
+// bits are the high half of each 32-bit lane (the low half is not cleared).
 template <class D>
-HWY_INLINE void StoreAcc(D /*d*/, hn::Vec<D> v, hwy::bfloat16_t* p) {
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> Bf16High(D /*d*/, hn::Vec<D> v) {
   const hn::RebindToUnsigned<D> du32;
-  const hn::Rebind<int32_t, D> di32;
-  const hn::Rebind<uint16_t, D> du16;
   const auto u = hn::BitCast(du32, v);
   const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
-  auto rounded = hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), lsb));
-  const auto is_nan = hn::RebindMask(du32, hn::IsNaN(v));
-  rounded = hn::IfThenElse(is_nan, hn::Or(u, hn::Set(du32, 0x400000u)), rounded);
-  const auto bits16 = hn::DemoteTo(du16, hn::BitCast(di32, hn::ShiftRight<16>(rounded)));
+  const auto rounded = hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), lsb));
+  return hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(v)), hn::Or(u, hn::Set(du32, 0x400000u)), rounded);
+}
+template <class D>
+HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, hwy::bfloat16_t* p) {
+  const hn::Rebind<int32_t, D> di32;
+  const hn::Rebind<uint16_t, D> du16;
+  const auto bits16 = hn::DemoteTo(du16, hn::BitCast(di32, hn::ShiftRight<16>(Bf16High(d, v))));
   hn::StoreU(bits16, du16, reinterpret_cast<uint16_t*>(p));
 }
 template <class D>
@@ -140,6 +159,43 @@ HWY_INLINE void StoreAccPairHw(D d, hn::Vec<D> lo, hn::Vec<D> hi, hwy::bfloat16_
 #else
 #define LOSSFUSE_HWY_BF16_PAIR 0
 #endif
+
+// The inverse of LoadEvenOdd for a store: [p, p + 2 lanes) = even[0], odd[0], even[1], odd[1], ... rounded to
+// bfloat16 as StoreAcc. kHw (AVX-512 with cpu_has_bf16_convert() only): vcvtne2ps2bf16 and one word shuffle, a
+// pair holding a subnormal by the integer rounding (see StoreAccPairHw); else the integer rounding of both
+// vectors, merged into one store. kStream: p is aligned to the pair's size, and the store is a streaming one.
+template <bool kHw, bool kStream, class D>
+HWY_INLINE void StoreEvenOdd(D d, hn::Vec<D> even, hn::Vec<D> odd, hwy::bfloat16_t* p) {
+  static_assert(sizeof(hn::TFromD<D>) == 4, "float lanes");
+#if LOSSFUSE_HWY_BF16_PAIR
+  if constexpr (kHw && hn::MaxLanes(D()) == 16) {
+    const __mmask16 sub = static_cast<__mmask16>(_mm512_fpclass_ps_mask(even.raw, 0x20) |
+                                                 _mm512_fpclass_ps_mask(odd.raw, 0x20));  // 0x20: subnormal
+    if (HWY_LIKELY(sub == 0)) {
+      __m512i r;
+      asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(odd.raw), "v"(even.raw));  // words: 16 even, 16 odd
+      alignas(64) static constexpr std::uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                             21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                             11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+      r = _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), r);
+      if constexpr (kStream) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(p), r);
+      } else {
+        _mm512_storeu_si512(p, r);
+      }
+      return;
+    }
+  }
+#endif
+  const hn::RebindToUnsigned<D> du;
+  const auto w = hn::Or(hn::ShiftRight<16>(Bf16High(d, even)), hn::And(Bf16High(d, odd), hn::Set(du, 0xffff0000u)));
+  auto* q = reinterpret_cast<std::uint32_t*>(p);
+  if constexpr (kStream) {
+    hn::Stream(w, du, q);
+  } else {
+    hn::StoreU(w, du, q);
+  }
+}
 
 // Scalar conversions.
 template <class Acc>

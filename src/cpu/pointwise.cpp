@@ -313,19 +313,12 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
     };
     std::int64_t j = 0;
     if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
-      // A sum does not care which lane holds which element: 2N bfloat16 values load as N 32-bit words, whose low
-      // halves (shifted up) are the even elements and whose high halves (masked) the odd ones, as floats. Two
-      // operations per two vectors instead of a widening shuffle and a shift per vector.
-      auto load2 = [&](const T* src, V& even, V& odd) {
-        const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(src));
-        even = hn::BitCast(d, hn::ShiftLeft<16>(w));
-        odd = hn::BitCast(d, hn::And(w, hn::Set(du, 0xffff0000u)));
-      };
+      // A sum does not care which lane holds which element: pairs of vectors by LoadEvenOdd.
       for (; j + 2 * N <= n; j += 2 * N) {
         V x0, x1, y0, y1, z0 = hn::Zero(d), z1 = hn::Zero(d);
-        load2(x + j, x0, x1);
-        load2(y + j, y0, y1);
-        if constexpr (kLossUsesZ<Loss>) load2(z + j, z0, z1);
+        LoadEvenOdd(d, x + j, x0, x1);
+        LoadEvenOdd(d, y + j, y0, y1);
+        if constexpr (kLossUsesZ<Loss>) LoadEvenOdd(d, z + j, z0, z1);
         step(x0, y0, z0);
         step(x1, y1, z1);
       }
