@@ -358,15 +358,16 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     if input.dtype == torch.bool or target.dtype == torch.bool:
         raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
                            f"{input.dtype} and {target.dtype}")
-    if not torch.promote_types(input.dtype, target.dtype).is_floating_point and not input.is_complex():
-        return _integer_l1_loss(input, target, weight, red)
+    if not torch.promote_types(input.dtype, target.dtype).is_floating_point:
+        return _composed_l1_loss(input, target, weight, red)
     dtype = _floating_result_type("l1_loss", input, target)
     return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True)
 
 
-def _integer_l1_loss(input, target, weight, red):
-    """l1_loss of two integer tensors, which torch computes exactly in integers (its 'mean' raises): torch's own
-    composition, there being nothing for a float kernel to do."""
+def _composed_l1_loss(input, target, weight, red):
+    """l1_loss of integer tensors, which torch computes exactly in integers (its 'mean' raises), or of complex ones
+    (|input - target| is real; autograd differentiates the complex operands): torch's own composition, there being
+    nothing for a real floating kernel to do."""
     x, t = torch.broadcast_tensors(input, target)
     d = torch.abs(x - t)
     if weight is not None:

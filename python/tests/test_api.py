@@ -294,3 +294,23 @@ def test_l1_loss_of_integer_tensors_as_torch(dtypes):
         F.l1_loss(a, b)
     with pytest.raises(NotImplementedError):
         LF.l1_loss(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("dtypes", [(torch.complex64, torch.complex64), (torch.complex128, torch.complex64),
+                                    (torch.float32, torch.complex64)])
+def test_l1_loss_of_complex_tensors_as_torch(dtypes):
+    # |input - target| is real; torch differentiates the complex operands (Wirtinger gradients)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(3, 4, dtype=dtypes[0], generator=g).requires_grad_()
+    b = torch.randn(4, dtype=dtypes[1], generator=g)  # broadcast over the rows
+    w = torch.rand(3, 4, generator=g)
+    for kwargs in (dict(reduction="none"), dict(reduction="sum"), dict(reduction="mean"),
+                   dict(reduction="none", weight=w), dict(reduction="mean", weight=w)):
+        theirs = F.l1_loss(a, b, **kwargs)
+        ours = LF.l1_loss(a, b, **kwargs)
+        assert ours.dtype == theirs.dtype and not ours.is_complex(), kwargs
+        torch.testing.assert_close(ours, theirs)
+        (g_theirs,) = torch.autograd.grad(theirs.sum(), a)
+        (g_ours,) = torch.autograd.grad(ours.sum(), a)
+        torch.testing.assert_close(g_ours, g_theirs)
