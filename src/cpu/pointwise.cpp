@@ -332,10 +332,33 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
   // (bce's two logs for the target's) are not computed only to be dropped.
   auto backward = [&](auto input_only) {
     std::int64_t j = 0;
+    if constexpr (decltype(input_only)::value && std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+      // bfloat16 input gradients with one upstream gradient for all (the reductions) two vectors at a time: the
+      // even and odd elements by LoadEvenOdd, stored back in element order by StoreEvenOdd
+      if (go == nullptr) {
+        auto pairs = [&](auto hw) {
+          for (; j + 2 * N <= n; j += 2 * N) {
+            V x0, x1, y0, y1, z0 = hn::Zero(d), z1 = hn::Zero(d);
+            LoadEvenOdd(d, x + j, x0, x1);
+            LoadEvenOdd(d, y + j, y0, y1);
+            if constexpr (kLossUsesZ<Loss>) LoadEvenOdd(d, z + j, z0, z1);
+            V dx0 = hn::Zero(d), dx1 = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
+            Loss::grad(vo, k, x0, y0, z0, gs, dx0, dy, dz);
+            Loss::grad(vo, k, x1, y1, z1, gs, dx1, dy, dz);
+            StoreEvenOdd<decltype(hw)::value, false>(d, dx0, dx1, gx + j);
+          }
+        };
+        if (cpu_has_bf16_convert()) {
+          pairs(std::true_type{});
+        } else {
+          pairs(std::false_type{});
+        }
+      }
+    }
 #if LOSSFUSE_HWY_BF16_PAIR
     if constexpr (decltype(input_only)::value && std::is_same_v<T, hwy::bfloat16_t>) {
-      // bfloat16 input gradients two vectors at a time, rounded together by the hardware where it can
-      if (cpu_has_bf16_convert()) {
+      // per-element upstream gradients: two vectors in element order, rounded together by the hardware where it can
+      if (go != nullptr && cpu_has_bf16_convert()) {
         auto dx_at = [&](std::int64_t i) {
           const V g = go != nullptr ? hn::Mul(gs, hn::LoadU(d, go + i)) : gs;
           V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
