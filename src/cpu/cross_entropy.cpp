@@ -91,9 +91,11 @@ HWY_INLINE std::int64_t PairsEnd(std::int64_t c0, std::int64_t end, std::int64_t
 // far below a running max contribute < e^-kSlack relative to the sum and may underflow to 0.
 // With `e` set (the fused path), also keeps e_c = exp(z_c - shift_k) for the whole row and each chunk's shift in
 // `chunk_max`, so the gradient pass needs one multiply per element instead of a transform and an exp.
+// With `gw` set (the fused path's gradient row, same length), its lines are prefetched for writing beside the
+// logits' own prefetches, so their fetch for ownership overlaps the exps instead of stalling the gradient pass.
 template <bool kCap, bool kSoft, class T, class Acc>
 HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, std::int64_t C, const RowCtx<Acc>& cx,
-                           math::RowSums<Acc>& rs, Acc* HWY_RESTRICT e, Acc* HWY_RESTRICT chunk_max) {
+                           math::RowSums<Acc>& rs, Acc* HWY_RESTRICT e, Acc* HWY_RESTRICT chunk_max, const T* gw) {
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -149,6 +151,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
           for (const std::int64_t pend = PairsEnd(c0, end, N); c < pend; c += 2 * N) {
             if (((c - c0) * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
               __builtin_prefetch(next + (c - c0) * static_cast<std::int64_t>(sizeof(T)));
+              if (gw != nullptr) __builtin_prefetch(gw + c, 1);
             }
             V z0, z1, th;
             LoadEvenOdd(d, x + c, z0, z1);
@@ -176,6 +179,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
         // line (prefetches never fault, also past the end of the logits).
         if (((c - c0) * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
           __builtin_prefetch(next + (c - c0) * static_cast<std::int64_t>(sizeof(T)));
+          if (gw != nullptr) __builtin_prefetch(gw + c, 1);
         }
         V z, pv = hn::Zero(d);
         if (c < full_end) {
@@ -513,7 +517,9 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       math::RowSums<Acc> rs{};
       bool ok = true;
       if (fwd) {
-        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs, ebuf, chunk_max)
+        // fused: the gradient row's lines are fetched for writing while the row's exps are computed
+        const T* gw = ebuf != nullptr && !stream ? grad + p.index.offset(core::kGradRow, r) : nullptr;
+        ok = contiguous ? RowStats<kCap, kSoft>(x, pt, C, cx, rs, ebuf, chunk_max, gw)
                         : RowStatsStrided<kSoft>(x, p.x_cstride, pt, p.t_cstride, C, cx, rs);
         if (!ok) rs.lse = kNaN;
         Acc loss = 0, zl = 0;
