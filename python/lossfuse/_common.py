@@ -104,6 +104,42 @@ def _plain_eager(args):
     return wants_grad
 
 
+def is_eager(t):
+    """True outside every tracer and transform (Dynamo, AOTAutograd, FakeTensor, torch.func): only then may a
+    backward mutate what its forward saved (the gradients handed over and rescaled in place)."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def graph_needed(grad_output, tensors, wanted):
+    """Whether a backward must return a differentiable graph (differentiable_grads) rather than the kernels'
+    gradients: grad mode is on (create_graph=True, or a torch.func transform such as grad, which may differentiate
+    the backward again) and the upstream gradient or an operand being differentiated tracks gradients at this level.
+    Under torch.func.vmap's generated rule they do not, and the kernels serve."""
+    if not torch.is_grad_enabled():
+        return False
+    return _tracks_grad(grad_output) or any(_tracks_grad(t) for t, w in zip(tensors, wanted) if w)
+
+
+def _tracks_grad(t):
+    # A torch.func wrapper whose level has exited (what the backward of vmap's generated rule is given) still reports
+    # requires_grad, but no graph can be built on it.
+    return t is not None and t.requires_grad and torch._C._functorch.maybe_get_level(t) != -2
+
+
+def differentiable_grads(loss_fn, tensors, wanted, grad_output):
+    """Gradients of loss_fn(*tensors) for the tensors flagged in `wanted` (None for the others), as a graph that can
+    be differentiated again."""
+    idx = [i for i, w in enumerate(wanted) if w]
+    out = [None] * len(wanted)
+    if idx:
+        computed = torch.autograd.grad(loss_fn(*tensors), [tensors[i] for i in idx], grad_output, create_graph=True,
+                                       allow_unused=True)
+        for i, g in zip(idx, computed):
+            out[i] = g
+    return out
+
+
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
@@ -135,15 +171,15 @@ def register_autograd(name, backward, setup_context):
                     {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     # The same pair in the form torch.func transforms need (a separate setup_context): the registered op's autograd
-    # cannot run under them. torch.func.grad, jacrev and the like work through it; vmap raises torch's error naming
-    # the missing vmap rule.
+    # cannot run under them. torch.func.grad, jacrev and the like work through it, and vmap by the rule torch
+    # generates from the forward and backward, whose lossfuse ops have the vmap rules of register_vmap_rules.
     def forward_alone(*args):
         with _below_autograd():
             return op(*args)
 
     transformable = type(f"lossfuse_{name}_func", (torch.autograd.Function,),
                          {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_context),
-                          "backward": staticmethod(backward)})
+                          "backward": staticmethod(backward), "generate_vmap_rule": True})
 
     def call(*args):
         if torch.compiler.is_compiling():
@@ -159,3 +195,47 @@ def register_autograd(name, backward, setup_context):
 
     call.__name__ = name
     setattr(ops, name, call)
+
+
+# ---- vmap ------------------------------------------------------------------------------------------------------
+#
+# torch.func.vmap over a lossfuse loss (per-sample losses and gradients: vmap(grad(loss))) maps each lossfuse op
+# by the rule below: the op once per entry of the mapped dim, on that entry's slices, and the results stacked along
+# a new dim 0. Each call is the op's own kernel on the sample's own shape, so every option, reduction and check
+# applies per sample exactly as without vmap (and as torch defines vmap); the cost is one op call per entry.
+
+
+def _vmap_by_entries(op):
+    def rule(info, in_dims, *args):
+        n = info.batch_size
+        if n == 0:  # no entry to run: the shapes of one entry's results, from the op's fake implementation
+            entry = [torch.empty(a.shape[:d] + a.shape[d + 1:], dtype=a.dtype, device="meta")
+                     if d is not None and isinstance(a, torch.Tensor) else
+                     (a.to("meta") if isinstance(a, torch.Tensor) else a) for a, d in zip(args, in_dims)]
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))
+            results = [op(*entry)]
+            empty = [torch.empty((0, *r.shape), dtype=r.dtype, device=device)
+                     for r in (results[0] if isinstance(results[0], (tuple, list)) else [results[0]])]
+            return (tuple(empty), (0,) * len(empty)) if isinstance(results[0], (tuple, list)) else (empty[0], 0)
+        results = []
+        for i in range(n):
+            results.append(op(*[a.select(d, i) if d is not None and isinstance(a, torch.Tensor) else a
+                                 for a, d in zip(args, in_dims)]))
+        if isinstance(results[0], (tuple, list)):
+            outs = tuple(torch.stack([r[k] for r in results]) for k in range(len(results[0])))
+            return outs, (0,) * len(outs)
+        return torch.stack(results), 0
+    return rule
+
+
+def register_vmap_rules():
+    """vmap rules for every public lossfuse op that returns tensors (not the in-place rescale_grad_, whose callers
+    are eager-only, nor the internal ops named with a leading underscore)."""
+    for qualname in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = qualname.partition("::")
+        if namespace != "lossfuse" or name.startswith("_"):
+            continue
+        op = getattr(torch.ops.lossfuse, name).default
+        if op._schema.is_mutable or not op._schema.returns:
+            continue
+        torch.library.register_vmap(qualname, _vmap_by_entries(op))

@@ -3,8 +3,9 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, as_argument_error, check_optional_tensors, check_tensors, new_grad, new_loss, ops,
-                      _plain_eager, reduction_code, register_autograd, to_input_dtype)
+from ._common import (acc_dtype, as_argument_error, check_optional_tensors, check_tensors, differentiable_grads,
+                      graph_needed, is_eager, new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd,
+                      to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -56,11 +57,6 @@ def _rescale_fake(grad, applied, grad_output):
 # ---- autograd ------------------------------------------------------------------------------------------------
 
 
-def _is_eager(t):
-    """True outside every tracer (Dynamo, AOTAutograd, FakeTensor): only then may backward mutate saved state."""
-    return type(t) is torch.Tensor and not torch.compiler.is_compiling()
-
-
 def _ce_setup(ctx, inputs, output):
     input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale, \
         compute_grad = inputs
@@ -72,7 +68,7 @@ def _ce_setup(ctx, inputs, output):
     ctx.args = (reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
     ctx.compute_grad = compute_grad
     ctx.eager_grad = None
-    if compute_grad and reduction != 0 and _is_eager(grad):
+    if compute_grad and reduction != 0 and is_eager(grad):
         # Rescaled in place by the first backward (rescale_grad_) and handed over, so kept outside
         # save_for_backward's version check.
         ctx.eager_grad = (grad, torch.ones((), dtype=loss.dtype, device=loss.device))
@@ -123,21 +119,14 @@ def _ce_differentiable(input, target, weight, args):
     return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
 
 
-def _differentiable_grads(loss_fn, inputs, wanted, grad_output):
-    """Gradients of loss_fn(*inputs) for the inputs flagged in `wanted`, as a differentiable graph."""
-    diff = [x for x, w in zip(inputs, wanted) if w]
-    grads = iter(torch.autograd.grad(loss_fn(*inputs), diff, grad_output, create_graph=True))
-    return [next(grads) if w else None for w in wanted]
-
-
 def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     input, target, weight, lse, grad = ctx.saved_tensors
     grad_input = grad_target = None
     if grad_loss is None:  # only the non-differentiable outputs were used
         return grad_input, grad_target, None, None, None, None, None, None, None, None
-    if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
-        wanted = [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and target.is_floating_point()]
-        grad_input, grad_target = _differentiable_grads(
+    wanted = [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and target.is_floating_point()]
+    if graph_needed(grad_loss, [input, target], wanted):  # a double backward may follow
+        grad_input, grad_target = differentiable_grads(
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
@@ -175,10 +164,10 @@ def _nll_setup(ctx, inputs, output):
 def _nll_backward(ctx, grad_loss):
     input, target, weight = ctx.saved_tensors
     grad_input = None
-    if torch.is_grad_enabled():  # create_graph=True
+    if graph_needed(grad_loss, [input], [True]):  # a double backward may follow
         reduction, ignore_index = ctx.args
         name = ("none", "mean", "sum")[reduction]
-        grad_input, = _differentiable_grads(
+        grad_input, = differentiable_grads(
             lambda x: _torch_nll_loss(x, target.long(), weight, ignore_index=ignore_index, reduction=name), [input],
             [True], grad_loss)
     elif ctx.needs_input_grad[0]:

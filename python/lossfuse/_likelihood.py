@@ -14,7 +14,8 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
+                      ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -120,16 +121,12 @@ def _register_autograd(name, n_operands, n_tensors, formula):
         tensors = ctx.saved_tensors
         wanted = list(ctx.needs_input_grad[:n_operands])
         grads = [None] * n_operands
-        if torch.is_grad_enabled():  # create_graph=True: compute the gradient as a differentiable graph
+        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow: a differentiable graph
             # In the loss's (accumulation) dtype, as the op; each gradient comes back in its operand's dtype.
             acc = grad_output.dtype
-            operands = [t.to(acc) for t in tensors[:n_operands]]
-            others = [None if t is None else t.to(acc) for t in tensors[n_operands:]]
-            loss = formula(*operands, *others, *ctx.args)
-            diff = [t for t, w in zip(tensors, wanted) if w]
-            if diff:
-                computed = iter(torch.autograd.grad(loss, diff, grad_output, create_graph=True))
-                grads = [next(computed) if w else None for w in wanted]
+            grads = differentiable_grads(
+                lambda *ts: formula(*[None if t is None else t.to(acc) for t in ts], *ctx.args), tensors, wanted,
+                grad_output)[:n_operands]
         elif any(wanted):
             computed = backward_op(grad_output, *tensors, *ctx.args, wanted)
             grads = [g if w else None for g, w in zip(computed, wanted)]

@@ -5,7 +5,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import ArgumentError, acc_dtype, new_grad, reduction_code, ops, register_autograd
+from ._common import (ArgumentError, acc_dtype, differentiable_grads, graph_needed, is_eager, new_grad, reduction_code,
+                      ops, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -38,10 +39,6 @@ def _lce_bwd_fake(grad_output, input, linear_weight, target, lse, linear_bias, w
             _bias_grad_fake(linear_bias, input, grad_mask[2]))
 
 
-def _is_eager(t):
-    return type(t) is torch.Tensor and not torch.compiler.is_compiling()
-
-
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight = inputs[:5]
     ctx.args = tuple(inputs[5:15])  # reduction .. grad_filter
@@ -51,7 +48,7 @@ def _lce_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, z_loss, gx, gw, gb)
     ctx.set_materialize_grads(False)
     ctx.eager = None
-    if ctx.precomputed and _is_eager(loss):
+    if ctx.precomputed and is_eager(loss):
         # Gradients made in the forward for an upstream gradient of 1, each rescaled in place by the backward that
         # hands it over (so kept outside save_for_backward's version check).
         ctx.eager = [(g, torch.ones((), dtype=loss.dtype)) for g in (gx, gw, gb)]
@@ -66,13 +63,12 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
     out = [None, None, None]
     if grad_loss is None or not any(wanted):
         pass
-    elif torch.is_grad_enabled():  # create_graph=True: differentiate torch's own composition
+    elif graph_needed(grad_loss, (input, linear_weight, linear_bias), wanted):
+        # a double backward may follow: differentiate torch's own composition
         def f(x, w, b):
             logits = torch.nn.functional.linear(x, w, b)
             return _reference_loss(logits, target, weight, ctx.args)
-        diff = [t for t, w in zip((input, linear_weight, linear_bias), wanted) if w]
-        grads = iter(torch.autograd.grad(f(input, linear_weight, linear_bias), diff, grad_loss, create_graph=True))
-        out = [next(grads) if w else None for w in wanted]
+        out = differentiable_grads(f, (input, linear_weight, linear_bias), wanted, grad_loss)
     elif ctx.precomputed:
         held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
         again = [False, False, False]

@@ -19,7 +19,8 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
+                      ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -147,14 +148,12 @@ def _mlsm_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
 
 
 def _differentiable_grads(formula, tensors, wanted, grad_output):
-    """Gradients of formula(*tensors) for the tensors flagged in `wanted`, as a differentiable graph. The formula
-    runs in the loss's (accumulation) dtype, the dtype of grad_output, on the floating tensors; the gradients come
-    back in each tensor's dtype."""
+    """differentiable_grads of formula, run in the loss's (accumulation) dtype, the dtype of grad_output, on the
+    floating tensors; the gradients come back in each tensor's dtype."""
     acc = grad_output.dtype
-    loss = formula(*[t.to(acc) if t is not None and t.is_floating_point() else t for t in tensors])
-    diff = [t for t, w in zip(tensors, wanted) if w]
-    grads = iter(torch.autograd.grad(loss, diff, grad_output, create_graph=True, allow_unused=True))
-    return [next(grads) if w else None for w in wanted]
+    return differentiable_grads(
+        lambda *ts: formula(*[t.to(acc) if t is not None and t.is_floating_point() else t for t in ts]), tensors,
+        wanted, grad_output)
 
 
 def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
@@ -171,7 +170,7 @@ def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
         tensors = ctx.saved_tensors
         wanted = list(ctx.needs_input_grad[:n_differentiable])
         grads = [None] * n_differentiable
-        if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
+        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow
             wanted_all = wanted + [False] * (n_tensors - n_differentiable)
             grads = _differentiable_grads(lambda *ts: formula(*ts, *ctx.args), tensors, wanted_all,
                                           grad_output)[:n_differentiable]

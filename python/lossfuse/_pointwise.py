@@ -14,7 +14,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import check_optional_tensors, check_tensors, new_grad, new_loss, ops, reduction_code, register_autograd
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
+                      ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -157,13 +158,11 @@ def _margin_ranking_bwd_fake(grad_output, input1, input2, target, margin, reduct
 
 
 def _differentiable_grads(formula, tensors, wanted, grad_output):
-    """Gradients of formula(*tensors) for the tensors flagged in `wanted`, as a differentiable graph. The formula
-    runs in the loss's (accumulation) dtype, the dtype of grad_output; the gradients come back in each tensor's."""
+    """differentiable_grads of formula, run in the loss's (accumulation) dtype, the dtype of grad_output; the
+    gradients come back in each tensor's."""
     acc = grad_output.dtype
-    loss = formula(*[None if t is None else t.to(acc) for t in tensors])
-    diff = [t for t, w in zip(tensors, wanted) if w]
-    grads = iter(torch.autograd.grad(loss, diff, grad_output, create_graph=True, allow_unused=True))
-    return [next(grads) if w else None for w in wanted]
+    return differentiable_grads(lambda *ts: formula(*[None if t is None else t.to(acc) for t in ts]), tensors, wanted,
+                                grad_output)
 
 
 def _weight_grad(op, x, t, w, loss, grad_output, reduction, extra, mean_by_weight_sum):
@@ -199,7 +198,7 @@ def _register_autograd(name, n_operands, formula, weighted=False, mean_by_weight
         *tensors, loss = ctx.saved_tensors
         none_for_args = [None] * len(ctx.args)
         wanted = list(ctx.needs_input_grad[:n_tensors])
-        if torch.is_grad_enabled():  # create_graph=True: a double backward will follow
+        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow
             grads = _differentiable_grads(lambda *ts: formula(*ts, *ctx.args), tensors, wanted, grad_output)
             return (*grads, *none_for_args)
         grads = [None] * n_tensors

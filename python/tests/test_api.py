@@ -151,7 +151,7 @@ def test_eager_fast_path_takes_parameters_and_leaves_tracers_to_the_op():
                                   "cosine_embedding_loss", "ctc_loss"])
 def test_torch_func_grad(name):
     # torch.func transforms cannot run a custom op's registered autograd; lossfuse's ops take a transformable
-    # autograd.Function there. grad (and jacrev) work; vmap gets torch's error naming the missing rule.
+    # autograd.Function there (vmap: tests/test_op_db.py).
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 7, generator=g, dtype=torch.float64)
     y = torch.randn(4, 7, generator=g, dtype=torch.float64)
@@ -178,9 +178,6 @@ def test_torch_func_grad(name):
     ours = torch.func.grad(lambda a: fn(LF, a))(arg)
     theirs = torch.func.grad(lambda a: fn(F, a))(arg)
     torch.testing.assert_close(ours, theirs)
-    if name == "mse_loss":
-        with pytest.raises(RuntimeError, match="vmap"):
-            torch.func.vmap(lambda a: fn(LF, a))(arg)
 
 
 def test_bad_arguments_are_caught_as_torch_raises_them():
@@ -314,3 +311,25 @@ def test_l1_loss_of_complex_tensors_as_torch(dtypes):
         (g_theirs,) = torch.autograd.grad(theirs.sum(), a)
         (g_ours,) = torch.autograd.grad(ours.sum(), a)
         torch.testing.assert_close(g_ours, g_theirs)
+
+
+def test_vmap_in_dims_nesting_and_empty_batches():
+    # vmap's forms beyond dim 0 of every operand (tests/test_op_db.py covers each loss): another mapped dim, a shared
+    # operand, nested vmaps, chunks, and a mapped dim of size 0 (torch gives empty results of the entries' shape).
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (3, 4), generator=g)
+    vmap = torch.func.vmap
+    torch.testing.assert_close(vmap(LF.cross_entropy, in_dims=(1, 1))(x, y),
+                               vmap(F.cross_entropy, in_dims=(1, 1))(x, y))
+    torch.testing.assert_close(vmap(LF.cross_entropy, in_dims=(0, None))(x, y[0]),
+                               vmap(F.cross_entropy, in_dims=(0, None))(x, y[0]))
+    torch.testing.assert_close(vmap(vmap(LF.mse_loss))(x, 2 * x), vmap(vmap(F.mse_loss))(x, 2 * x))
+    torch.testing.assert_close(vmap(LF.l1_loss, in_dims=(2, 2), chunk_size=2)(x, x.flip(0)),
+                               vmap(F.l1_loss, in_dims=(2, 2))(x, x.flip(0)))
+    none = lambda fn: lambda a, b: fn(a, b, reduction="none")  # noqa: E731
+    for lib_fn, torch_fn in [(LF.cross_entropy, F.cross_entropy), (none(LF.cross_entropy), none(F.cross_entropy)),
+                             (LF.mse_loss, F.mse_loss)]:
+        operands = (x[:0], y[:0]) if lib_fn is not LF.mse_loss else (x[:0], x[:0])
+        ours, theirs = vmap(lib_fn)(*operands), vmap(torch_fn)(*operands)
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.shape, theirs.shape)

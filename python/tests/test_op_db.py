@@ -157,3 +157,71 @@ def test_eager_fast_path_equals_registered_op(op):
             assert all(n.startswith("GeneratedBackwardFor_lossfuse") for n in traced[2]), traced[2]
             compared += 1
     assert compared > 0, "no sample with a gradient"
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_vmap_equals_a_loop_over_entries(op):
+    """torch.func.vmap over the input and the positional tensor operands (keyword tensors shared), forward and
+    per-entry input gradients (vmap of vjp): the same as calling torch's function on each entry in turn, which is
+    what vmap means. Entry 0 is torch's sample, entry 1 the same with the input scaled by 0.75."""
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    checked = 0
+    for sample in op.sample_inputs("cpu", torch.float64, requires_grad=False):
+        kwargs = {k: v for k, v in sample.kwargs.items() if k != "options"}
+        operands = [sample.input, *sample.args]
+        mapped = [i for i, t in enumerate(operands) if torch.is_tensor(t)]
+
+        def entry(k):
+            ops_k = list(operands)
+            ops_k[0] = ops_k[0] * (1.0 if k == 0 else 0.75)
+            return ops_k
+
+        def call(fn, ts):
+            full = list(operands)
+            for i, t in zip(mapped, ts):
+                full[i] = t
+            return fn(*full, **kwargs)
+
+        try:
+            refs, ref_grads = [], []
+            for k in range(2):
+                ops_k = entry(k)
+                x = ops_k[0].detach().clone().requires_grad_()
+                out = op(x, *ops_k[1:], **kwargs)
+                refs.append(out.detach())
+                ref_grads.append(torch.autograd.grad(out, x, torch.ones_like(out))[0])
+        except RuntimeError:  # a configuration torch itself refuses
+            continue
+        batched = [torch.stack([entry(k)[i] for k in range(2)]) for i in mapped]
+        ours = torch.func.vmap(lambda *ts: call(ours_fn, ts))(*batched)
+        torch.testing.assert_close(ours, torch.stack(refs), equal_nan=True, msg=lambda m: f"{sample}: {m}")
+
+        def input_grad(*ts):
+            out, vjp = torch.func.vjp(lambda x: call(ours_fn, (x, *ts[1:])), ts[0])
+            return vjp(torch.ones_like(out))[0]
+
+        grads = torch.func.vmap(input_grad)(*batched)
+        torch.testing.assert_close(grads, torch.stack(ref_grads), equal_nan=True,
+                                   msg=lambda m: f"{sample}: input gradient: {m}")
+        checked += 1
+    assert checked > 0, "torch refused every sample"
+
+
+def test_vmap_of_grad_gives_per_sample_gradients():
+    """The per-sample-gradient recipe of torch.func: vmap(grad(loss of one sample)) over a batch, a model's weights
+    shared, against a loop of autograd over single samples."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 12, (6,), generator=g)
+
+    def loss(fn, w, xi, yi):
+        return fn((xi @ w).unsqueeze(0), yi.unsqueeze(0), label_smoothing=0.1)
+
+    ours = torch.func.vmap(torch.func.grad(lambda w, xi, yi: loss(LF.cross_entropy, w, xi, yi)),
+                           in_dims=(None, 0, 0))(w, x, y)
+    refs = []
+    for i in range(6):
+        wi = w.clone().requires_grad_()
+        refs.append(torch.autograd.grad(loss(torch.nn.functional.cross_entropy, wi, x[i], y[i]), wi)[0])
+    torch.testing.assert_close(ours, torch.stack(refs))
