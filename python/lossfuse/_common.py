@@ -114,29 +114,42 @@ def is_eager(t):
 def graph_needed(grad_output, tensors, wanted):
     """Whether a backward must return a differentiable graph (differentiable_grads) rather than the kernels'
     gradients: grad mode is on (create_graph=True, or a torch.func transform such as grad, which may differentiate
-    the backward again) and the upstream gradient or an operand being differentiated tracks gradients at this level.
-    Under torch.func.vmap's generated rule they do not, and the kernels serve."""
+    the backward again) and the upstream gradient or an operand being differentiated tracks gradients."""
     if not torch.is_grad_enabled():
         return False
-    return _tracks_grad(grad_output) or any(_tracks_grad(t) for t, w in zip(tensors, wanted) if w)
+    return grad_output.requires_grad or any(t is not None and t.requires_grad for t, w in zip(tensors, wanted) if w)
 
 
-def _tracks_grad(t):
-    # A torch.func wrapper whose level has exited (what the backward of vmap's generated rule is given) still reports
-    # requires_grad, but no graph can be built on it.
-    return t is not None and t.requires_grad and torch._C._functorch.maybe_get_level(t) != -2
+def _is_dead_wrapper(t):
+    # a torch.func wrapper whose level has exited: what the backward of vmap's generated rule is given
+    return isinstance(t, torch.Tensor) and torch._C._functorch.maybe_get_level(t) == -2
 
 
 def differentiable_grads(loss_fn, tensors, wanted, grad_output):
     """Gradients of loss_fn(*tensors) for the tensors flagged in `wanted` (None for the others), as a graph that can
-    be differentiated again."""
+    be differentiated again. Under vmap's generated rule (inside jacrev, or vmap over grad) the saved tensors are
+    wrappers of an exited torch.func level, which report requires_grad but hold no graph: they are unwrapped to the
+    levels still active and differentiated by torch.func.vjp, whose result the outer transforms can differentiate."""
     idx = [i for i, w in enumerate(wanted) if w]
     out = [None] * len(wanted)
-    if idx:
+    if not idx:
+        return out
+    if any(_is_dead_wrapper(t) for t in tensors):
+        live = [torch._C._functorch.unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+
+        def of_wanted(*diff):
+            full = list(live)
+            for i, t in zip(idx, diff):
+                full[i] = t
+            return loss_fn(*full)
+
+        _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
+        computed = vjp(grad_output)
+    else:
         computed = torch.autograd.grad(loss_fn(*tensors), [tensors[i] for i in idx], grad_output, create_graph=True,
                                        allow_unused=True)
-        for i, g in zip(idx, computed):
-            out[i] = g
+    for i, g in zip(idx, computed):
+        out[i] = g
     return out
 
 

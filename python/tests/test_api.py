@@ -178,6 +178,17 @@ def test_torch_func_grad(name):
     ours = torch.func.grad(lambda a: fn(LF, a))(arg)
     theirs = torch.func.grad(lambda a: fn(F, a))(arg)
     torch.testing.assert_close(ours, theirs)
+    if name in ("ctc_loss", "multi_margin_loss"):  # torch has no second derivative of these
+        return
+    # second derivatives by torch.func: a Hessian by reverse over reverse (jacrev runs its backward under vmap), and
+    # grad over grad per sample under vmap
+    hessian = torch.func.jacrev(torch.func.jacrev(lambda a: fn(LF, a)))(arg)
+    torch.testing.assert_close(hessian, torch.func.jacrev(torch.func.jacrev(lambda a: fn(F, a)))(arg))
+
+    def grad_of_grad(lib):
+        return torch.func.vmap(torch.func.grad(lambda a: torch.func.grad(lambda b: fn(lib, b))(a).square().sum()))
+    batch = torch.stack([arg, arg * 0.5])
+    torch.testing.assert_close(grad_of_grad(LF)(batch), grad_of_grad(F)(batch))
 
 
 def test_bad_arguments_are_caught_as_torch_raises_them():
