@@ -113,11 +113,41 @@ def is_eager(t):
 
 def graph_needed(grad_output, tensors, wanted):
     """Whether a backward must return a differentiable graph (differentiable_grads) rather than the kernels'
-    gradients: grad mode is on (create_graph=True, or a torch.func transform such as grad, which may differentiate
-    the backward again) and the upstream gradient or an operand being differentiated tracks gradients."""
+    gradients: grad mode is on (create_graph=True, or a torch.func transform) and the upstream gradient or an operand
+    being differentiated tracks gradients. Under torch.func, grad mode is always on; there the graph is needed only
+    if something outside the transform running this backward can differentiate it (_outer_derivative_possible)."""
     if not torch.is_grad_enabled():
         return False
-    return grad_output.requires_grad or any(t is not None and t.requires_grad for t, w in zip(tensors, wanted) if w)
+    involved = [grad_output] + [t for t, w in zip(tensors, wanted) if w and t is not None]
+    if not any(t.requires_grad for t in involved):
+        return False
+    if torch._C._are_functorch_transforms_active() and not any(_is_dead_wrapper(t) for t in involved):
+        return _outer_derivative_possible([*tensors, grad_output])
+    return True
+
+
+_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+
+
+def _outer_derivative_possible(tensors):
+    """For a backward run by a torch.func grad transform on tensors wrapped at its level: whether a derivative of its
+    result can still be taken, by a differentiating transform of a lower level (grad over grad, jacrev over grad) or
+    by plain autograd on the tensors underneath every wrapper. vmap(grad(loss)) has neither: the kernels serve."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    level = max((torch._C._functorch.maybe_get_level(t) for t in tensors), default=-1)
+    if any(i.key() in _DIFFERENTIATING and i.level() < level for i in _interpreters()):
+        return True
+    for t in tensors:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+        if t.requires_grad:
+            return True
+    return False
+
+
+def _interpreters():
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    return retrieve_all_functorch_interpreters()
 
 
 def _is_dead_wrapper(t):

@@ -344,3 +344,26 @@ def test_vmap_in_dims_nesting_and_empty_batches():
         operands = (x[:0], y[:0]) if lib_fn is not LF.mse_loss else (x[:0], x[:0])
         ours, theirs = vmap(lib_fn)(*operands), vmap(torch_fn)(*operands)
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.shape, theirs.shape)
+
+
+def test_per_sample_gradients_stay_differentiable_from_outside():
+    # vmap(grad(loss)) takes the kernels' backward when nothing outside can differentiate its result; a transform
+    # around it (grad over vmap(grad)) or plain autograd on the tensors underneath (meta-learning's outer loop) can,
+    # and must get the second derivative.
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(5, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 7, (4,), generator=g)
+
+    def per_sample(lib, w):
+        def one(xi, yi):
+            return torch.func.grad(lambda v: lib.cross_entropy((v @ w).unsqueeze(0), yi.unsqueeze(0)))(xi)
+        return torch.func.vmap(one)(x, y)
+
+    ours, theirs = per_sample(LF, w), per_sample(F, w)
+    torch.testing.assert_close(ours, theirs)
+    outer = [torch.autograd.grad(r.square().sum(), w)[0] for r in (ours, theirs)]
+    torch.testing.assert_close(*outer)
+    wd = w.detach()
+    torch.testing.assert_close(torch.func.grad(lambda v: per_sample(LF, v).square().sum())(wd),
+                               torch.func.grad(lambda v: per_sample(F, v).square().sum())(wd))
