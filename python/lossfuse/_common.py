@@ -196,8 +196,34 @@ class _Ops:
 ops = _Ops()
 
 
-def register_autograd(name, backward, setup_context):
-    """torch.library.register_autograd for lossfuse::<name>, plus its eager fast path as ops.<name>."""
+def forward_ad_active():
+    return torch.autograd.forward_ad._current_level >= 0
+
+
+def _has_tangent(args):
+    return any(isinstance(a, torch.Tensor) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None
+               for a in args)
+
+
+def _keep_primals(ctx, inputs, output):
+    ctx.primals = inputs
+    ctx.loss_dtype = (output[0] if isinstance(output, (tuple, list)) else output).dtype
+
+
+def in_acc_dtype(tensors):
+    """The floating tensors in the accumulation dtype of the first (the dtype lossfuse returns losses in)."""
+    acc = acc_dtype(tensors[0])
+    return [t.to(acc) if t is not None and t.is_floating_point() else t for t in tensors]
+
+
+def register_autograd(name, backward, setup_context, composition=None, outputs=1, differentiable=None):
+    """torch.library.register_autograd for lossfuse::<name>, plus its eager fast path as ops.<name>.
+
+    composition(*args): the op's first output (the loss) computed by differentiable torch operations, in the dtype
+    the op returns it; with it, forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad) works
+    through the op: its tangent is the composition's. `outputs`: how many tensors the op returns (the others get no
+    tangent). `differentiable`: the positions of the arguments that carry tangents (default: every tensor); the
+    others (class weights, which neither torch nor lossfuse differentiates) are constants."""
     torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.lossfuse, name).default
 
@@ -205,13 +231,52 @@ def register_autograd(name, backward, setup_context):
         with _below_autograd():  # straight to the kernel, past the registered autograd
             output = op(*args)
         setup_context(ctx, args, output)
+        if composition is not None and forward_ad_active():
+            _keep_primals(ctx, args, output)
         return output
+
+    def setup_for_transforms(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        _keep_primals(ctx, inputs, output)
+
+    def jvp(ctx, *tangents):
+        if composition is None:
+            raise NotImplementedError(f"lossfuse: {name}: forward-mode AD is not supported (nor by torch)")
+        primals = ctx.primals
+        moved = [i for i, (p, t) in enumerate(zip(primals, tangents))
+                 if isinstance(p, torch.Tensor) and t is not None and (differentiable is None or i in differentiable)]
+
+        def substituted(base, values):
+            full = list(base)
+            for i, v in zip(moved, values):
+                full[i] = v
+            return composition(*full)
+
+        # contiguous: an expanded primal (a broadcast operand) cannot take its tangent's layout in place
+        if not moved:  # tangents only for constants (class weights)
+            tangent = torch.zeros_like(composition(*primals)).detach()
+        elif torch._C._are_functorch_transforms_active():
+            _, tangent = torch.func.jvp(lambda *values: substituted(primals, values),
+                                        tuple(primals[i].contiguous() for i in moved),
+                                        tuple(tangents[i].contiguous() for i in moved))
+        else:  # torch.autograd.forward_ad, whose levels do not nest: duals of the level running this jvp
+            fwad = torch.autograd.forward_ad
+            plain = [fwad.unpack_dual(p).primal if isinstance(p, torch.Tensor) else p for p in primals]
+            with fwad._set_fwd_grad_enabled(True):
+                duals = [fwad.make_dual(plain[i].contiguous(), fwad.unpack_dual(tangents[i]).primal) for i in moved]
+                out = substituted(plain, duals)
+                tangent = fwad.unpack_dual(out).tangent
+            if tangent is None:
+                tangent = torch.zeros_like(out)
+            tangent = tangent.detach()
+        tangent = tangent.to(ctx.loss_dtype)
+        return tangent if outputs == 1 else (tangent, *[None] * (outputs - 1))
 
     # forward(ctx, ...) rather than a separate setup_context: torch binds the defaults of a setup_context-style
     # Function through inspect.signature on every call. (torch.func transforms, which need that style, take the
     # registered op: see _plain_eager.)
     function = type(f"lossfuse_{name}", (torch.autograd.Function,),
-                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward), "jvp": staticmethod(jvp)})
 
     # The same pair in the form torch.func transforms need (a separate setup_context): the registered op's autograd
     # cannot run under them. torch.func.grad, jacrev and the like work through it, and vmap by the rule torch
@@ -221,8 +286,8 @@ def register_autograd(name, backward, setup_context):
             return op(*args)
 
     transformable = type(f"lossfuse_{name}_func", (torch.autograd.Function,),
-                         {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_context),
-                          "backward": staticmethod(backward), "generate_vmap_rule": True})
+                         {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_for_transforms),
+                          "backward": staticmethod(backward), "jvp": staticmethod(jvp), "generate_vmap_rule": True})
 
     def call(*args):
         if torch.compiler.is_compiling():
@@ -232,6 +297,8 @@ def register_autograd(name, backward, setup_context):
                 return function.apply(*args)
             if torch._C._are_functorch_transforms_active():
                 return transformable.apply(*args)
+            if forward_ad_active() and _has_tangent(args):
+                return function.apply(*args)
             return op(*args)
         except ValueError as e:
             raise as_argument_error(e) from None

@@ -4,8 +4,8 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (acc_dtype, as_argument_error, check_optional_tensors, check_tensors, differentiable_grads,
-                      graph_needed, is_eager, new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd,
-                      to_input_dtype)
+                      forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager,
+                      reduction_code, register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -152,7 +152,10 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     return grad_input, grad_target, None, None, None, None, None, None, None, None
 
 
-register_autograd("cross_entropy", _ce_backward, _ce_setup)
+register_autograd("cross_entropy", _ce_backward, _ce_setup,
+                  lambda input, target, weight, *args: _ce_differentiable(*in_acc_dtype([input, target, weight]),
+                                                                          args[:6]),
+                  outputs=4, differentiable=(0, 1))
 
 
 def _nll_setup(ctx, inputs, output):
@@ -175,7 +178,13 @@ def _nll_backward(ctx, grad_loss):
     return grad_input, None, None, None, None
 
 
-register_autograd("nll_loss", _nll_backward, _nll_setup)
+def _nll_composition(input, target, weight, reduction, ignore_index):
+    input, weight = in_acc_dtype([input, weight])
+    return _torch_nll_loss(input, target.long(), weight, ignore_index=ignore_index,
+                           reduction=("none", "mean", "sum")[reduction])
+
+
+register_autograd("nll_loss", _nll_backward, _nll_setup, _nll_composition, differentiable=(0,))
 
 
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------
@@ -217,7 +226,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
     args = (input, target, weight) + args
-    if compute_grad and not soft and _plain_eager(args):
+    if compute_grad and not soft and _plain_eager(args) and not forward_ad_active():
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
         # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's
         try:

@@ -14,8 +14,8 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
-                      ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
+                      new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -132,7 +132,9 @@ def _register_autograd(name, n_operands, n_tensors, formula):
             grads = [g if w else None for g, w in zip(computed, wanted)]
         return (*grads, *[None] * (n_tensors - n_operands + len(ctx.args)))
 
-    register_autograd(name, backward, setup_context)
+    register_autograd(name, backward, setup_context,
+                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
+                      differentiable=range(n_operands))
 
 
 _register_autograd("binary_cross_entropy", 2, 3, _bce_formula)

@@ -5,8 +5,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (ArgumentError, acc_dtype, differentiable_grads, graph_needed, is_eager, new_grad, reduction_code,
-                      ops, register_autograd)
+from ._common import (acc_dtype, ArgumentError, differentiable_grads, graph_needed, in_acc_dtype, is_eager, new_grad,
+                      ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -100,7 +100,13 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
     return (out[0], out[1], None, out[2]) + (None,) * 12
 
 
-register_autograd("linear_cross_entropy", _lce_backward, _lce_setup)
+def _lce_composition(input, linear_weight, target, linear_bias, weight, *args):
+    input, linear_weight, linear_bias, weight = in_acc_dtype([input, linear_weight, linear_bias, weight])
+    return _reference_loss(torch.nn.functional.linear(input, linear_weight, linear_bias), target, weight, args[:10])
+
+
+register_autograd("linear_cross_entropy", _lce_backward, _lce_setup, _lce_composition, outputs=6,
+                  differentiable=(0, 1, 3))
 
 
 def _reference_loss(logits, target, weight, args):

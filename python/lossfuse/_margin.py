@@ -19,8 +19,8 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
-                      ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
+                      new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -181,7 +181,9 @@ def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
             grads[0] = backward_op(grad_output, *tensors, *ctx.args)
         return (*grads, *[None] * (n_tensors - n_differentiable + len(ctx.args)))
 
-    register_autograd(name, backward, setup_context)
+    register_autograd(name, backward, setup_context,
+                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
+                      differentiable=range(n_differentiable))
 
 
 _register_autograd("triplet_margin_loss", 3, 3, _triplet_formula, masked=True)

@@ -14,8 +14,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, new_grad, new_loss,
-                      ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
+                      new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -215,7 +215,8 @@ def _register_autograd(name, n_operands, formula, weighted=False, mean_by_weight
                                              mean_by_weight_sum)
         return (*grads, *none_for_args)
 
-    register_autograd(name, backward, setup_context)
+    register_autograd(name, backward, setup_context,
+                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]))
 
 
 _register_autograd("mse_loss", 2, _mse_formula, weighted=True, mean_by_weight_sum=True)

@@ -189,6 +189,12 @@ def test_torch_func_grad(name):
         return torch.func.vmap(torch.func.grad(lambda a: torch.func.grad(lambda b: fn(lib, b))(a).square().sum()))
     batch = torch.stack([arg, arg * 0.5])
     torch.testing.assert_close(grad_of_grad(LF)(batch), grad_of_grad(F)(batch))
+    # forward over reverse (torch.func.hessian = jacfwd(jacrev)), where torch's own backward has a forward derivative
+    try:
+        theirs = torch.func.hessian(lambda a: fn(F, a))(arg)
+    except (NotImplementedError, RuntimeError):
+        return
+    torch.testing.assert_close(torch.func.hessian(lambda a: fn(LF, a))(arg), theirs)
 
 
 def test_bad_arguments_are_caught_as_torch_raises_them():
