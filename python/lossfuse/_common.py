@@ -119,11 +119,13 @@ def graph_needed(grad_output, tensors, wanted):
     if not torch.is_grad_enabled():
         return False
     involved = [grad_output] + [t for t, w in zip(tensors, wanted) if w and t is not None]
-    if not any(t.requires_grad for t in involved):
-        return False
-    if torch._C._are_functorch_transforms_active() and not any(_is_dead_wrapper(t) for t in involved):
-        return _outer_derivative_possible([*tensors, grad_output])
-    return True
+    if not torch._C._are_functorch_transforms_active():
+        return any(t.requires_grad for t in involved)
+    # under torch.func, requires_grad says little: vmap's batched tensors report False even where an outer transform
+    # or plain autograd beneath tracks them, and wrappers of an exited level report True
+    if any(_is_dead_wrapper(t) for t in involved):
+        return True
+    return _outer_derivative_possible([*tensors, grad_output])
 
 
 _DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
@@ -157,14 +159,17 @@ def _is_dead_wrapper(t):
 
 def differentiable_grads(loss_fn, tensors, wanted, grad_output):
     """Gradients of loss_fn(*tensors) for the tensors flagged in `wanted` (None for the others), as a graph that can
-    be differentiated again. Under vmap's generated rule (inside jacrev, or vmap over grad) the saved tensors are
-    wrappers of an exited torch.func level, which report requires_grad but hold no graph: they are unwrapped to the
-    levels still active and differentiated by torch.func.vjp, whose result the outer transforms can differentiate."""
+    be differentiated again. Under vmap's generated rule (inside jacrev, or a vmap that is differentiated) the saved
+    tensors are batched tensors, which do not require grad, or wrappers of an exited torch.func level, which hold no
+    graph: they are unwrapped to the levels still active and differentiated by torch.func.vjp, whose result the
+    outer transforms (and plain autograd) can differentiate."""
     idx = [i for i, w in enumerate(wanted) if w]
     out = [None] * len(wanted)
     if not idx:
         return out
-    if any(_is_dead_wrapper(t) for t in tensors):
+    if torch._C._are_functorch_transforms_active() and (
+            any(_is_dead_wrapper(t) for t in tensors) or not all(tensors[i].requires_grad for i in idx)):
+        # batched tensors of vmap's generated backward, or dead wrappers: differentiated at a new level
         live = [torch._C._functorch.unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t for t in tensors]
 
         def of_wanted(*diff):
@@ -223,7 +228,7 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
     the op returns it; with it, forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad) works
     through the op: its tangent is the composition's. `outputs`: how many tensors the op returns (the others get no
     tangent). `differentiable`: the positions of the arguments that carry tangents (default: every tensor); the
-    others (class weights, which neither torch nor lossfuse differentiates) are constants."""
+    others (class weights whose tangent torch ignores too) are constants."""
     torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.lossfuse, name).default
 
@@ -261,11 +266,14 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                                         tuple(tangents[i].contiguous() for i in moved))
         else:  # torch.autograd.forward_ad, whose levels do not nest: duals of the level running this jvp
             fwad = torch.autograd.forward_ad
+            # torch hands zero tangents for the operands that are not duals; they add nothing, and torch's own forward
+            # formulas fail on some of them made dual (a weight of binary_cross_entropy_with_logits)
+            moved[:] = [i for i in moved if bool(tangents[i].ne(0).any())]
             plain = [fwad.unpack_dual(p).primal if isinstance(p, torch.Tensor) else p for p in primals]
             with fwad._set_fwd_grad_enabled(True):
                 duals = [fwad.make_dual(plain[i].contiguous(), fwad.unpack_dual(tangents[i]).primal) for i in moved]
                 out = substituted(plain, duals)
-                tangent = fwad.unpack_dual(out).tangent
+                tangent = fwad.unpack_dual(out).tangent if moved else None
             if tangent is None:
                 tangent = torch.zeros_like(out)
             tangent = tangent.detach()

@@ -134,7 +134,8 @@ def _register_autograd(name, n_operands, n_tensors, formula):
 
     register_autograd(name, backward, setup_context,
                       lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
-                      differentiable=range(n_operands))
+                      # bce's weight: torch's forward derivative ignores it (and fails on a dual one)
+                      differentiable=range(n_operands) if name == "binary_cross_entropy" else None)
 
 
 _register_autograd("binary_cross_entropy", 2, 3, _bce_formula)

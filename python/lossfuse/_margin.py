@@ -182,8 +182,7 @@ def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
         return (*grads, *[None] * (n_tensors - n_differentiable + len(ctx.args)))
 
     register_autograd(name, backward, setup_context,
-                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
-                      differentiable=range(n_differentiable))
+                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]))
 
 
 _register_autograd("triplet_margin_loss", 3, 3, _triplet_formula, masked=True)
@@ -422,7 +421,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     if dtype not in _KERNEL_DTYPES or not fits:
         return _by_formula(_multilabel_soft_margin_formula, (input.to(dtype), target.to(dtype), weight), (red,), dtype)
     x, t = torch.broadcast_tensors(input.to(dtype), target.to(dtype))
-    w = None if weight is None else weight.detach().to(dtype).expand(shape[-1:])
+    w = None if weight is None else weight.to(dtype).expand(shape[-1:])
     (x, t), rows = _fit_rows([x, t])
     return _finish(_ops.multilabel_soft_margin_loss(x, t, w, red), rows, red, dtype)
 

@@ -373,3 +373,34 @@ def test_per_sample_gradients_stay_differentiable_from_outside():
     wd = w.detach()
     torch.testing.assert_close(torch.func.grad(lambda v: per_sample(LF, v).square().sum())(wd),
                                torch.func.grad(lambda v: per_sample(F, v).square().sum())(wd))
+
+
+def test_derivatives_through_vmap_and_of_weights():
+    # A vmapped loss differentiated twice (its backward runs under vmap on batched tensors, which report no
+    # requires_grad), by torch.func and by plain autograd; and forward-mode tangents with respect to the weights
+    # torch differentiates.
+    g = torch.Generator().manual_seed(13)
+    x, z = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    y = torch.randint(0, 5, (3,), generator=g)
+
+    def twice(lib):
+        inner = torch.func.grad(lambda r: torch.func.vmap(lib.cross_entropy)(r, y).sum())
+        return torch.func.grad(lambda q: inner(q).square().sum())(x)
+
+    torch.testing.assert_close(twice(LF), twice(F))
+
+    def plain(lib):
+        q = x.clone().requires_grad_()
+        first, = torch.autograd.grad(torch.func.vmap(lib.mse_loss)(q * q, z).sum(), q, create_graph=True)
+        return torch.autograd.grad(first.sum(), q)[0]
+
+    torch.testing.assert_close(plain(LF), plain(F))
+    p, hard = z.softmax(1), (z > 0).to(torch.float64)
+    w, tw = torch.rand(5, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    for call in (lambda lib, ww: lib.cross_entropy(x, p, weight=ww),
+                 lambda lib, ww: lib.multilabel_soft_margin_loss(x, hard, weight=ww),
+                 lambda lib, ww: lib.binary_cross_entropy_with_logits(x, hard, pos_weight=ww),
+                 lambda lib, ww: lib.binary_cross_entropy_with_logits(x, hard, weight=ww)):
+        ours = torch.func.jvp(lambda ww: call(LF, ww), (w,), (tw,))[1]
+        theirs = torch.func.jvp(lambda ww: call(F, ww), (w,), (tw,))[1]
+        torch.testing.assert_close(ours, theirs)
