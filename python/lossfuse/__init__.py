@@ -12,7 +12,8 @@ import torch as _torch
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
 from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
-from ._common import ArgumentError, register_vmap_rules as _register_vmap_rules
+from ._common import ArgumentError
+from ._vmap import register_vmap_rules as _register_vmap_rules
 from ._patch import patch_torch, unpatch_torch
 
 _register_vmap_rules()  # after every op above is defined

@@ -1,0 +1,291 @@
+"""vmap rules for the lossfuse ops: torch.func.vmap over a loss, and per-sample gradients, vmap(grad(loss)).
+
+Two kinds of rule.
+- Fold (the elementwise losses, cross_entropy, nll_loss and their backward ops): the mapped dim becomes more
+  elements or more rows of one kernel call with reduction 'none', and each sample's reduction (sum, mean, the
+  weighted mean of class targets, kl_div's batchmean) is taken from that call's per-element or per-row losses. A
+  backward op gets each sample's upstream gradient spread over the sample's elements or rows, scaled as the
+  sample's reduction would scale it. A loss element or row depends on nothing outside itself, so each sample gets
+  what the op gives it alone, but for the order of the additions in its sum.
+- Loop (every other op, and what a fold does not cover: operands of different per-sample shapes, class weights that
+  are mapped themselves, inputs of more than two dims per sample, an empty mapped dim): the op once per entry on
+  that entry's slices, and the results stacked along a new dim 0. Every option, reduction and check then applies per
+  sample exactly as without vmap, as torch defines vmap; the cost is one op call per entry.
+"""
+
+import math
+
+import torch
+
+
+def _entry_shape(a, d):
+    return tuple(a.shape) if d is None else tuple(a.shape[:d] + a.shape[d + 1:])
+
+
+def _batched(a, d, n):
+    """a with its mapped dim first; an unmapped a expanded to n entries (a stride-0 view, which the kernels read)."""
+    return a.movedim(d, 0) if d is not None else a.expand(n, *a.shape)
+
+
+# ---- loop --------------------------------------------------------------------------------------------------------
+
+
+def _by_entries(op, info, in_dims, args):
+    n = info.batch_size
+    if n == 0:  # no entry to run: the shapes of one entry's results, from the op's fake implementation
+        entry = [torch.empty(_entry_shape(a, d), dtype=a.dtype, device="meta")
+                 if d is not None and isinstance(a, torch.Tensor) else
+                 (a.to("meta") if isinstance(a, torch.Tensor) else a) for a, d in zip(args, in_dims)]
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        results = op(*entry)
+        several = isinstance(results, (tuple, list))
+        empty = [torch.empty((0, *r.shape), dtype=r.dtype, device=device) for r in (results if several else [results])]
+        return (tuple(empty), (0,) * len(empty)) if several else (empty[0], 0)
+    results = []
+    for i in range(n):
+        results.append(op(*[a.select(d, i) if d is not None and isinstance(a, torch.Tensor) else a
+                             for a, d in zip(args, in_dims)]))
+    if isinstance(results[0], (tuple, list)):
+        outs = tuple(torch.stack([r[k] for r in results]) for k in range(len(results[0])))
+        return outs, (0,) * len(outs)
+    return torch.stack(results), 0
+
+
+def _vmap_by_entries(op):
+    return lambda info, in_dims, *args: _by_entries(op, info, in_dims, args)
+
+
+def _outputs(result):
+    return (result, (0,) * len(result)) if isinstance(result, (tuple, list)) else (result, 0)
+
+
+def _spread(go, n, shape, divisor):
+    """Per-sample upstream gradients (n) as per-element ones (n, *shape), divided by the samples' divisors."""
+    g = go if divisor is None else go / divisor
+    return g.reshape(n, *[1] * len(shape)).expand(n, *shape)
+
+
+# ---- fold: the elementwise losses ----------------------------------------------------------------------------------
+# Their ops take operands of one shape (the functions broadcast them first, as expanded views) and reduce over every
+# element; mse_loss and l1_loss divide a weighted mean by the weight's sum, the others by the element count.
+
+_ELEMENTWISE = {"mse_loss": True, "l1_loss": True, "smooth_l1_loss": False, "huber_loss": False, "kl_div": False,
+                "hinge_embedding_loss": False, "margin_ranking_loss": False, "binary_cross_entropy": False,
+                "binary_cross_entropy_with_logits": False, "poisson_nll_loss": False, "gaussian_nll_loss": False}
+
+
+class _Elementwise:
+    def __init__(self, op, weight_mean, first):
+        """first: the position of the first operand (1 for a backward op, after grad_output)."""
+        names = [a.name for a in op._schema.arguments]
+        self.op, self.first = op, first
+        self.reduction = names.index("reduction")
+        self.batchmean = names.index("batchmean") if "batchmean" in names else None
+        self.weight = names.index("weight") if weight_mean else None
+
+    def prepare(self, info, in_dims, args):
+        """The operands with the mapped dim first, the per-sample shape, the reduction and its divisor (None for a
+        sum); None where the fold does not apply."""
+        n = info.batch_size
+        shapes = {_entry_shape(a, d) for a, d in zip(args[self.first:], in_dims[self.first:])
+                  if isinstance(a, torch.Tensor)}
+        if n == 0 or len(shapes) != 1:
+            return None
+        shape = shapes.pop()
+        if self.first and args[self.reduction] == 0 and _entry_shape(args[0], in_dims[0]) != shape:
+            return None  # a per-element upstream gradient of another shape: the op's own error, per entry
+        args = list(args)
+        for i in range(self.first, len(args)):
+            if isinstance(args[i], torch.Tensor):
+                args[i] = _batched(args[i], in_dims[i], n)
+        reduction = args[self.reduction]
+        batchmean = self.batchmean is not None and args[self.batchmean]
+        args[self.reduction] = 0
+        if batchmean:
+            args[self.batchmean] = False
+            divisor = shape[0] if shape else 1
+        elif reduction == 1:
+            weight = args[self.weight] if self.weight is not None else None
+            divisor = math.prod(shape) if weight is None else weight.reshape(n, -1).to(torch.float64).sum(1)
+        else:
+            divisor = None
+        return args, shape, reduction != 0 or batchmean, divisor
+
+    def forward(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, _, reduced, divisor = prepared
+        loss = self.op(*args)  # (n, *shape), float32 (float64 for float64 operands)
+        if not reduced:
+            return loss, 0
+        total = loss.reshape(info.batch_size, -1).sum(1)
+        return (total if divisor is None else (total / divisor).to(loss.dtype)), 0
+
+    def backward(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, reduced, divisor = prepared
+        n = info.batch_size
+        go = _batched(args[0], in_dims[0], n)
+        if reduced:
+            go = _spread(go.to(torch.float64) if isinstance(divisor, torch.Tensor) else go, n, shape, divisor)
+            go = go.to(args[0].dtype)
+        args[0] = go
+        return _outputs(self.op(*args))
+
+
+# ---- fold: cross_entropy and nll_loss --------------------------------------------------------------------------------
+# Inputs (C) or (N, C) per sample become the rows of one (rows, C) call; (C) takes a 0-d class index or (C)
+# probabilities, (N, C) takes (N) or (N, C). The mean of class indices divides by the sum of the target classes'
+# weights over the rows not ignored (their count without weights); the mean of probabilities by the row count.
+
+
+class _Classes:
+    def __init__(self, op, first):
+        names = [a.name for a in op._schema.arguments]
+        self.op, self.first = op, first
+        self.input, self.target, self.weight = names.index("input"), names.index("target"), names.index("weight")
+        self.reduction, self.ignore = names.index("reduction"), names.index("ignore_index")
+
+    def prepare(self, info, in_dims, args):
+        """The rows of every sample as one problem: (args, per-sample input shape, reduction, per-row divisor of a
+        mean), or None where the fold does not apply."""
+        n = info.batch_size
+        input, target, weight = args[self.input], args[self.target], args[self.weight]
+        if n == 0 or (weight is not None and in_dims[self.weight] is not None):
+            return None
+        shape = _entry_shape(input, in_dims[self.input])
+        soft = target.is_floating_point()
+        if len(shape) not in (1, 2) or _entry_shape(target, in_dims[self.target]) != (shape if soft else shape[:-1]):
+            return None
+        rows, c = n * math.prod(shape[:-1]), shape[-1]
+        args = list(args)
+        for i in range(self.first, len(args)):
+            if isinstance(args[i], torch.Tensor) and i != self.weight:
+                a = _batched(args[i], in_dims[i], n)
+                args[i] = a.reshape(rows, c) if i == self.input or (i == self.target and soft) else a.reshape(rows)
+        reduction = args[self.reduction]
+        args[self.reduction] = 0
+        return args, shape, reduction
+
+    def divisor(self, args, n, shape):
+        """Each sample's mean divisor (n), float64, after the op has checked the targets."""
+        target, weight = args[self.target], args[self.weight]
+        if target.is_floating_point():
+            return torch.full((n,), math.prod(shape[:-1]), dtype=torch.float64, device=target.device)
+        valid = target != args[self.ignore]
+        if weight is None:
+            w = valid.to(torch.float64)
+        else:
+            w = torch.where(valid, weight.to(torch.float64)[torch.where(valid, target.long(), 0)], 0.0)
+        return w.reshape(n, -1).sum(1)
+
+    def row_scales(self, args, n, shape, per_sample):
+        """Per-sample factors (n) as per-row ones, 0 on the ignored rows (whose gradient the kernels leave 0 however
+        the sample's mean scales it, also by 1 / 0)."""
+        rows = _spread(per_sample, n, (math.prod(shape[:-1]),), None).reshape(-1)
+        target = args[self.target]
+        return rows if target.is_floating_point() else torch.where(target != args[self.ignore], rows, 0.0)
+
+
+class _CrossEntropy(_Classes):
+    def __init__(self):
+        super().__init__(torch.ops.lossfuse.cross_entropy.default, 0)
+
+    def __call__(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, reduction = prepared
+        n, compute_grad = info.batch_size, args[-1]
+        input = args[self.input]
+        if reduction == 1 and compute_grad and input.element_size() < 4:
+            args[-1] = False  # the gradient below, from the backward op: a 16-bit one rounded once
+        loss, lse, z_loss, grad = self.op(*args)
+        per_row = shape[:-1]
+        lse = lse.reshape(n, *per_row)
+        if reduction == 0:
+            loss, z_loss = loss.reshape(n, *per_row), z_loss.reshape(n, *per_row)
+        else:
+            divisor = self.divisor(args, n, shape) if reduction == 1 else None
+            loss, z_loss = (self._reduce(t, n, divisor) for t in (loss, z_loss))
+        if not compute_grad:
+            grad = input.new_empty((n, 0))
+        else:
+            if reduction == 1:
+                scale = self.row_scales(args, n, shape, 1.0 / divisor)
+                if args[-1]:
+                    grad = (grad * scale.unsqueeze(1)).to(grad.dtype)
+                else:
+                    upstream = scale.to(lse.dtype)
+                    grad = torch.ops.lossfuse.cross_entropy_backward(
+                        upstream, input, args[self.target], lse.reshape(-1), args[self.weight], 0, *args[4:9])
+            grad = grad.reshape(n, *shape)
+        return (loss, lse, z_loss, grad), (0, 0, 0, 0)
+
+    @staticmethod
+    def _reduce(t, n, divisor):
+        total = t.reshape(n, -1).sum(1)
+        return total if divisor is None else (total / divisor).to(t.dtype)
+
+
+class _ClassesBackward(_Classes):
+    """cross_entropy_backward and nll_loss_backward: (grad_output, input, target, ...)."""
+
+    def __init__(self, op):
+        super().__init__(op, 1)
+
+    def __call__(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, reduction = prepared
+        n, per_row = info.batch_size, shape[:-1]
+        go = _batched(args[0], in_dims[0], n)
+        if reduction == 0:
+            go = go.reshape(-1)
+        elif reduction == 2:
+            go = _spread(go, n, (math.prod(per_row),), None).reshape(-1)
+        else:
+            go = self.row_scales(args, n, shape, go.to(torch.float64) / self.divisor(args, n, shape)).to(go.dtype)
+        args[0] = go
+        return self.op(*args).reshape(n, *shape), 0
+
+
+class _Nll(_Classes):
+    def __init__(self):
+        super().__init__(torch.ops.lossfuse.nll_loss.default, 0)
+
+    def __call__(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, reduction = prepared
+        n = info.batch_size
+        loss = self.op(*args)
+        if reduction == 0:
+            return loss.reshape(n, *shape[:-1]), 0
+        total = loss.reshape(n, -1).sum(1)
+        return (total if reduction == 2 else (total / self.divisor(args, n, shape)).to(loss.dtype)), 0
+
+
+def register_vmap_rules():
+    """vmap rules for every public lossfuse op that returns tensors (not the in-place rescale_grad_, whose callers
+    are eager-only, nor the internal ops named with a leading underscore)."""
+    lib = torch.ops.lossfuse
+    folds = {"cross_entropy": _CrossEntropy(), "nll_loss": _Nll(),
+             "cross_entropy_backward": _ClassesBackward(lib.cross_entropy_backward.default),
+             "nll_loss_backward": _ClassesBackward(lib.nll_loss_backward.default)}
+    for name, weight_mean in _ELEMENTWISE.items():
+        folds[name] = _Elementwise(getattr(lib, name).default, weight_mean, 0).forward
+        folds[name + "_backward"] = _Elementwise(getattr(lib, name + "_backward").default, weight_mean, 1).backward
+    for qualname in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = qualname.partition("::")
+        if namespace != "lossfuse" or name.startswith("_"):
+            continue
+        op = getattr(lib, name).default
+        if op._schema.is_mutable or not op._schema.returns:
+            continue
+        torch.library.register_vmap(qualname, folds.get(name) or _vmap_by_entries(op))

@@ -1,0 +1,220 @@
+"""vmap's fold rules (python/lossfuse/_vmap.py): the elementwise losses, cross_entropy, nll_loss and their backward
+ops take a mapped dim as more elements or rows of one kernel call. Each op is checked two ways:
+- at the op level, vmap of the op against the loop rule's definition (the op called on each entry in turn): every
+  reduction, weights, ignored rows and a sample whose rows are all ignored, unmapped operands, 16-bit dtypes;
+- at the functional level, vmap and vmap(grad) of lossfuse's function against torch's own vmap of torch's function.
+And the cases a fold leaves to the loop (mapped class weights, three-dim samples, operands of different per-sample
+shapes) still give each entry's result."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lossfuse  # noqa: F401  (registers the ops and their vmap rules)
+import lossfuse.nn.functional as LF
+
+lib = torch.ops.lossfuse
+vmap = torch.func.vmap
+B = 3
+
+
+def _loop(op, in_dims, args):
+    outs = [op(*[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]) for i in range(B)]
+    if isinstance(outs[0], (tuple, list)):
+        return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
+    return torch.stack(outs)
+
+
+def _tol(dtype):
+    return {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=2e-6, atol=2e-6)}.get(
+        dtype, dict(rtol=8e-3, atol=8e-3))
+
+
+def _same(ours, ref, dtype, msg):
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    assert len(ours) == len(ref), msg
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        assert a.shape == b.shape and a.dtype == b.dtype, (msg, k, a.shape, b.shape, a.dtype, b.dtype)
+        torch.testing.assert_close(a, b, equal_nan=True, **_tol(dtype), msg=lambda m: f"{msg} output {k}: {m}")
+
+
+def _check_op(op, args, in_dims, dtype, msg):
+    ours = vmap(lambda *a: op(*a), in_dims=tuple(in_dims))(*args)
+    _same(ours, _loop(op, in_dims, args), dtype, msg)
+
+
+# ---- elementwise ops -----------------------------------------------------------------------------------------------
+
+def _elementwise_cases(dtype, g):
+    """name: (tensor operands of one entry's shape (5, 4), batched (B, 5, 4); scalar arguments after reduction)."""
+    r = lambda: torch.randn(B, 5, 4, generator=g, dtype=dtype)  # noqa: E731
+    p = lambda: torch.rand(B, 5, 4, generator=g, dtype=dtype) * 0.9 + 0.05  # noqa: E731
+    s = lambda: (torch.randint(0, 2, (B, 5, 4), generator=g) * 2 - 1).to(dtype)  # noqa: E731
+    w = torch.rand(B, 5, 4, generator=g, dtype=dtype)
+    return {
+        "mse_loss": ([r(), r(), w], []), "l1_loss": ([r(), r(), w], []), "smooth_l1_loss": ([r(), r()], [0.5]),
+        "huber_loss": ([r(), r(), w], [0.7]), "kl_div": ([r().log_softmax(-1), p()], [False]),
+        "hinge_embedding_loss": ([r(), s()], [0.5]), "margin_ranking_loss": ([r(), r(), s()], [0.2]),
+        "binary_cross_entropy": ([p(), p(), w], []), "binary_cross_entropy_with_logits": ([r(), p(), w, w + 0.5], []),
+        "poisson_nll_loss": ([r(), p() * 3], [True, True, 1e-8]), "gaussian_nll_loss": ([r(), r(), p()], [True, 1e-6]),
+    }
+
+
+def _elementwise_args(name, tensors, extra, reduction, batchmean=False):
+    """The op's positional arguments: operands, then reduction and the scalars in schema order."""
+    if name == "kl_div":
+        return [*tensors, reduction, batchmean, *extra]
+    if name in ("hinge_embedding_loss", "margin_ranking_loss", "poisson_nll_loss", "gaussian_nll_loss"):
+        return [*tensors, *extra, reduction]
+    return [*tensors, reduction, *extra]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(_elementwise_cases(torch.float32, torch.Generator()).keys()))
+def test_elementwise_folds_equal_the_loop(name, dtype):
+    g = torch.Generator().manual_seed(3)
+    tensors, extra = _elementwise_cases(dtype, g)[name]
+    op, backward = getattr(lib, name).default, getattr(lib, name + "_backward").default
+    n_out = len(backward._schema.returns)
+    variants = [(r, False) for r in (0, 1, 2)] + ([(1, True)] if name == "kl_div" else [])
+    for reduction, batchmean in variants:
+        for shared in (None, 1):  # every operand mapped, or the second one shared (unmapped)
+            ts = [t if i != shared else t[0] for i, t in enumerate(tensors)]
+            args = _elementwise_args(name, ts, extra, reduction, batchmean)
+            dims = [None if i == shared or not isinstance(a, torch.Tensor) else 0 for i, a in enumerate(args)]
+            msg = f"{name} reduction {reduction} batchmean {batchmean} shared {shared}"
+            _check_op(op, args, dims, dtype, msg)
+            loss = vmap(op, in_dims=tuple(dims))(*args)
+            go = torch.randn(loss.shape, generator=g, dtype=loss.dtype)
+            mask = [True] * n_out if n_out > 1 else None
+            bargs = [go, *args] + ([mask] if mask else [])
+            _check_op(backward, bargs, [0, *dims] + ([None] if mask else []), dtype, msg + " backward")
+            if reduction:  # an unmapped upstream gradient (the same for every entry)
+                _check_op(backward, [go[0], *bargs[1:]], [None, *dims] + ([None] if mask else []), dtype,
+                          msg + " backward, shared upstream")
+
+
+def test_elementwise_fold_weighted_mean_of_zero_weight_and_empty_entries():
+    # mse_loss's weighted mean divides by the entry's weight sum: 0 there gives what the op gives alone (NaN or
+    # inf); entries of no element give torch's mean of nothing (NaN).
+    x, y = torch.randn(B, 4, dtype=torch.float64), torch.randn(B, 4, dtype=torch.float64)
+    w = torch.rand(B, 4, dtype=torch.float64)
+    w[1] = 0
+    w[2] = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    for op in (lib.mse_loss.default, lib.l1_loss.default):
+        _check_op(op, [x, y, w, 1], [0, 0, 0, None], torch.float64, "zero weight sum")
+        _check_op(op, [x[:, :0], y[:, :0], None, 1], [0, 0, None, None], torch.float64, "empty entries")
+        go = torch.ones(B, dtype=torch.float64)
+        _check_op(getattr(lib, op._schema.name.split("::")[1] + "_backward").default,
+                  [go, x, y, w, 1, [True, True]], [0, 0, 0, 0, None, None], torch.float64, "zero weight sum backward")
+
+
+# ---- cross_entropy and nll_loss --------------------------------------------------------------------------------------
+
+def _class_cases(dtype, g, per_sample):
+    """(input, hard target, soft target) batched: per-sample input (C) or (N, C); entry 1's rows are all ignored, and
+    (N, C) entries have one more ignored row."""
+    c = 7
+    x = torch.randn(B, *per_sample, c, generator=g, dtype=dtype)
+    t = torch.randint(0, c, (B, *per_sample), generator=g)
+    t[1] = -100
+    if per_sample:
+        t[2, 0] = -100
+    soft = torch.rand(B, *per_sample, c, generator=g, dtype=dtype).softmax(-1)
+    return x, t, soft
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_sample", [(), (5,)], ids=["C", "NxC"])
+def test_cross_entropy_and_nll_folds_equal_the_loop(per_sample, dtype):
+    g = torch.Generator().manual_seed(4)
+    x, t, soft = _class_cases(dtype, g, per_sample)
+    w = torch.rand(7, generator=g, dtype=dtype)
+    w[t[0].reshape(-1)[0]] = 0  # a zero weight on a row that is not ignored
+    options = [(0.0, 1.0, 0.0, 0.0), (0.2, 1.0, 0.0, 0.0), (0.1, 0.5, 3.0, 1e-2)]  # smoothing, scale, softcap, z
+    for reduction in (0, 1, 2):
+        for target, weight in ((t, None), (t, w), (soft, None), (soft, w)):
+            for opts in options:
+                for compute_grad in (False, True):
+                    args = [x, target, weight, reduction, -100, *opts, compute_grad]
+                    msg = f"cross_entropy {reduction} weight {weight is not None} soft {target is soft} {opts} " \
+                          f"grad {compute_grad}"
+                    _check_op(lib.cross_entropy.default, args, [0, 0, None] + [None] * 7, dtype, msg)
+                    # lse is per row: the backward op's per-row input, mapped; the upstream gradient mapped or not
+                    lse = vmap(lib.cross_entropy.default, in_dims=(0, 0) + (None,) * 8)(*args)[1]
+                    go = torch.rand(vmap(lib.cross_entropy.default, in_dims=(0, 0) + (None,) * 8)(*args)[0].shape,
+                                    generator=g, dtype=lse.dtype)
+                    bargs = [go, x, target, lse, weight, reduction, -100, *opts]
+                    _check_op(lib.cross_entropy_backward.default, bargs, [0, 0, 0, 0] + [None] * 7, dtype,
+                              msg + " backward")
+                    if reduction:
+                        _check_op(lib.cross_entropy_backward.default, [go[0], *bargs[1:]],
+                                  [None, 0, 0, 0] + [None] * 7, dtype, msg + " backward, shared upstream")
+            if target is t:
+                logp = x.float().log_softmax(-1).to(dtype)
+                args = [logp, t, weight, reduction, -100]
+                _check_op(lib.nll_loss.default, args, [0, 0, None, None, None], dtype, f"nll {reduction}")
+                loss = vmap(lib.nll_loss.default, in_dims=(0, 0, None, None, None))(*args)
+                go = torch.rand(loss.shape, generator=g, dtype=loss.dtype)
+                _check_op(lib.nll_loss_backward.default, [go, *args], [0, 0, 0, None, None, None], dtype,
+                          f"nll {reduction} backward")
+
+
+def test_class_folds_leave_what_they_do_not_cover_to_the_loop():
+    # mapped class weights, (N, C, d) samples, targets of another per-sample shape: each entry as the op gives it
+    # (the last one is the op's own shape error)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(B, 4, 5, 2, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 5, (B, 4, 2), generator=g)
+    w = torch.rand(B, 5, generator=g, dtype=torch.float64)
+    ce = lib.cross_entropy.default
+    _check_op(ce, [x, t, None, 1, -100, 0.0, 1.0, 0.0, 0.0, True], [0, 0] + [None] * 8, torch.float64, "NxCxd")
+    _check_op(ce, [x[..., 0], t[..., 0], w, 1, -100, 0.0, 1.0, 0.0, 0.0, True], [0, 0, 0] + [None] * 7,
+              torch.float64, "mapped weight")
+    with pytest.raises(ValueError, match="target"):
+        vmap(ce, in_dims=(0, 0) + (None,) * 8)(x[..., 0], t, None, 1, -100, 0.0, 1.0, 0.0, 0.0, False)
+
+
+# ---- the functions, against torch's own vmap ---------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss")  # kl_div's, as torch's
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_functions_under_vmap_and_per_sample_grad_equal_torch(reduction):
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(B, 5, 7, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 7, (B, 5), generator=g)
+    t[1] = -100
+    t[2, 1] = -100
+    w = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
+    y = torch.randn(B, 5, 7, generator=g, dtype=torch.float64)
+    p = torch.rand(B, 5, 7, generator=g, dtype=torch.float64) * 0.9 + 0.05
+    cases = [
+        ("cross_entropy", (x, t), dict(weight=w, label_smoothing=0.1)),
+        ("cross_entropy", (x[:, 0], t[:, 0]), dict(weight=w)),
+        ("cross_entropy", (x, y.softmax(-1)), dict(label_smoothing=0.2)),
+        ("nll_loss", (x.log_softmax(-1), t), dict(weight=w)),
+        ("mse_loss", (x, y), {}), ("huber_loss", (x, y), dict(delta=0.5)),
+        ("binary_cross_entropy", (p, p.flip(0)), dict(weight=w)),
+        ("binary_cross_entropy_with_logits", (x, p), dict(pos_weight=w)),
+        ("kl_div", (x.log_softmax(-1), p), dict(log_target=False)),
+        ("poisson_nll_loss", (x, p), dict(full=True)),  # (torch vmaps no gaussian_nll_loss: its var check)
+    ]
+    for name, operands, kw in cases:
+        ours_fn, torch_fn = (lambda f: lambda *a: f(*a, reduction=reduction, **kw))(getattr(LF, name)), \
+            (lambda f: lambda *a: f(*a, reduction=reduction, **kw))(getattr(F, name))
+        msg = f"{name} {reduction} {[tuple(o.shape) for o in operands]}"
+        # torch's reference: its function on each entry in turn (torch's own vmap refuses some of these cases)
+        entries = [[o[i] for o in operands] for i in range(B)]
+        theirs = torch.stack([torch_fn(*e) for e in entries])
+        torch.testing.assert_close(vmap(ours_fn)(*operands), theirs, equal_nan=True, msg=msg)
+        if reduction == "none":
+            continue
+        wanted = tuple(i for i, o in enumerate(operands) if o.is_floating_point())
+        ours = vmap(torch.func.grad(ours_fn, argnums=wanted))(*operands)
+        for k, i in enumerate(wanted):
+            grads = []
+            for e in entries:
+                e = [o.clone().requires_grad_(j in wanted) for j, o in enumerate(e)]
+                grads.append(torch.autograd.grad(torch_fn(*e), [e[j] for j in wanted])[k])
+            torch.testing.assert_close(ours[k], torch.stack(grads), equal_nan=True, msg=f"{msg} grad of {i}")
