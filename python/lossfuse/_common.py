@@ -147,6 +147,9 @@ def _outer_derivative_possible(tensors):
     return False
 
 
+_JVP = torch._C._functorch.TransformType.Jvp
+
+
 def _interpreters():
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
     return retrieve_all_functorch_interpreters()
@@ -215,6 +218,75 @@ def _keep_primals(ctx, inputs, output):
     ctx.loss_dtype = (output[0] if isinstance(output, (tuple, list)) else output).dtype
 
 
+class _CtxView:
+    """A ctx seen through: attributes and methods are the wrapped ctx's, but for what this class defines."""
+
+    def __init__(self, ctx):
+        object.__setattr__(self, "_ctx", ctx)
+
+    def __getattr__(self, key):
+        return getattr(self._ctx, key)
+
+    def __setattr__(self, key, value):
+        setattr(self._ctx, key, value)
+
+
+class _SaveRecorder(_CtxView):
+    """An op's setup_context runs on this: what it saves for backward is recorded, not saved."""
+
+    saved = ()
+
+    def save_for_backward(self, *tensors):
+        object.__setattr__(self, "saved", tensors)
+
+    def mark_non_differentiable(self, *tensors):
+        # Under a forward-mode transform the outputs stay unmarked and get zero tangents (see jvp): torch.func
+        # refuses None tangents for unmarked outputs, and under vmap marking reaches the batched tensors inside,
+        # not the outputs it checks.
+        if any(i.key() == _JVP for i in _interpreters()):
+            self._ctx.zero_other_tangents = True
+        else:
+            self._ctx.mark_non_differentiable(*tensors)
+
+
+class _OwnSaved(_CtxView):
+    """The ctx an op's backward sees under torch.func: its own saved tensors, not the primals saved after them."""
+
+    @property
+    def saved_tensors(self):
+        return self._ctx.saved_tensors[:self._ctx.n_saved]
+
+
+def _setup_saving_primals(setup_context, ctx, inputs, output):
+    """setup_context under torch.func: the op's saved tensors, then the tensor primals, saved for backward and for
+    forward alike. vmap's generated rule keeps one list of batch dims for both (the last saved), and hands jvp only
+    what was saved: so the primals are saved, not kept on ctx, when a Function may run under vmap."""
+    recorder = _SaveRecorder(ctx)
+    setup_context(recorder, inputs, output)
+    saved = (*recorder.saved, *[a for a in inputs if isinstance(a, torch.Tensor)])
+    ctx.save_for_backward(*saved)
+    ctx.save_for_forward(*saved)
+    ctx.n_saved = len(recorder.saved)
+    ctx.other_outputs = [(tuple(o.shape), o.dtype) for o in output[1:]] if isinstance(output, (tuple, list)) else []
+    _keep_primals(ctx, inputs, output)
+
+
+try:  # the ctx vmap's generated jvp and backward hand over, with the saved tensors batched at the running level
+    from torch._functorch.autograd_function import CtxWithSavedTensors as _CtxWithSavedTensors
+except ImportError:  # pragma: no cover
+    _CtxWithSavedTensors = ()
+
+
+def _primals(ctx):
+    """The op's arguments in jvp. Under vmap's generated jvp the tensors kept on ctx are the batched tensors of the
+    forward's vmap, gone by now: the saved ones take their places. Otherwise the arguments as given, which carry
+    the tangents of the levels around."""
+    if not isinstance(ctx, _CtxWithSavedTensors):
+        return ctx.primals
+    tensors = iter(ctx.saved_tensors[ctx.n_saved:])
+    return [next(tensors) if isinstance(p, torch.Tensor) else p for p in ctx.primals]
+
+
 def in_acc_dtype(tensors):
     """The floating tensors in the accumulation dtype of the first (the dtype lossfuse returns losses in)."""
     acc = acc_dtype(tensors[0])
@@ -240,14 +312,18 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             _keep_primals(ctx, args, output)
         return output
 
-    def setup_for_transforms(ctx, inputs, output):
-        setup_context(ctx, inputs, output)
-        _keep_primals(ctx, inputs, output)
 
     def jvp(ctx, *tangents):
         if composition is None:
             raise NotImplementedError(f"lossfuse: {name}: forward-mode AD is not supported (nor by torch)")
-        primals = ctx.primals
+        if torch._C._are_functorch_transforms_active() and \
+                sum(i.key() == _JVP for i in _interpreters()) > 1:
+            # the tangent computed here would not carry the outer level's: a second derivative of 0, silently
+            raise NotImplementedError(
+                f"lossfuse: {name}: forward mode over forward mode (jvp of jvp, jacfwd of jacfwd) is not supported; "
+                "take second derivatives with a reverse-mode level in them: torch.func.hessian (jacfwd of jacrev), "
+                "jacrev(jacfwd(...)) or jacrev(jacrev(...))")
+        primals = _primals(ctx)
         moved = [i for i, (p, t) in enumerate(zip(primals, tangents))
                  if isinstance(p, torch.Tensor) and t is not None and (differentiable is None or i in differentiable)]
 
@@ -278,7 +354,12 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                 tangent = torch.zeros_like(out)
             tangent = tangent.detach()
         tangent = tangent.to(ctx.loss_dtype)
-        return tangent if outputs == 1 else (tangent, *[None] * (outputs - 1))
+        if outputs == 1:
+            return tangent
+        if getattr(ctx, "zero_other_tangents", False):  # the other outputs, left unmarked: zeros (of one entry)
+            return (tangent, *[torch.zeros(shape, dtype=dtype, device=tangent.device)
+                               for shape, dtype in ctx.other_outputs])
+        return (tangent, *[None] * (outputs - 1))
 
     # forward(ctx, ...) rather than a separate setup_context: torch binds the defaults of a setup_context-style
     # Function through inspect.signature on every call. (torch.func transforms, which need that style, take the
@@ -289,13 +370,43 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
     # The same pair in the form torch.func transforms need (a separate setup_context): the registered op's autograd
     # cannot run under them. torch.func.grad, jacrev and the like work through it, and vmap by the rule torch
     # generates from the forward and backward, whose lossfuse ops have the vmap rules of register_vmap_rules.
+    # torch.func's generated jvp rule lines a list argument's items up against its one tangent (and fails): list
+    # arguments (linear_cross_entropy's grad_mask) reach this Function as their items, in their place
+    sizes = {i: a.N for i, a in enumerate(op._schema.arguments) if isinstance(a.type, torch.ListType)}
+
+    def spread(args, grads=False):
+        """args with the lists' items in their place; grads: a None per item for each list's (None) gradient."""
+        out = []
+        for i, a in enumerate(args):
+            out.extend(([None] * sizes[i] if grads else list(a)) if i in sizes else [a])
+        return out
+
+    def gather(flat, as_none=False):
+        out, k = [], 0
+        for i in range(len(op._schema.arguments)):
+            n = sizes.get(i)
+            out.append(flat[k] if n is None else (None if as_none else list(flat[k:k + n])))
+            k += 1 if n is None else n
+        return out
+
     def forward_alone(*args):
         with _below_autograd():
-            return op(*args)
+            return op(*gather(args))
+
+    def setup_for_transforms(ctx, inputs, output):
+        _setup_saving_primals(setup_context, ctx, gather(inputs), output)
+
+    def backward_for_transforms(ctx, *grads):
+        result = backward(_OwnSaved(ctx), *grads)
+        return tuple(spread(result if isinstance(result, tuple) else (result,), grads=True))
+
+    def jvp_for_transforms(ctx, *tangents):
+        return jvp(ctx, *gather(tangents, as_none=True))
 
     transformable = type(f"lossfuse_{name}_func", (torch.autograd.Function,),
                          {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_for_transforms),
-                          "backward": staticmethod(backward), "jvp": staticmethod(jvp), "generate_vmap_rule": True})
+                          "backward": staticmethod(backward_for_transforms), "jvp": staticmethod(jvp_for_transforms),
+                          "generate_vmap_rule": True})
 
     def call(*args):
         if torch.compiler.is_compiling():
@@ -304,7 +415,7 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             if _plain_eager(args):
                 return function.apply(*args)
             if torch._C._are_functorch_transforms_active():
-                return transformable.apply(*args)
+                return transformable.apply(*spread(args))
             if forward_ad_active() and _has_tangent(args):
                 return function.apply(*args)
             return op(*args)

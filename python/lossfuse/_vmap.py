@@ -17,6 +17,8 @@ import math
 
 import torch
 
+_MAX_DIMS = 8  # lossfuse::kMaxDims
+
 
 def _entry_shape(a, d):
     return tuple(a.shape) if d is None else tuple(a.shape[:d] + a.shape[d + 1:])
@@ -55,8 +57,12 @@ def _vmap_by_entries(op):
     return lambda info, in_dims, *args: _by_entries(op, info, in_dims, args)
 
 
-def _outputs(result):
-    return (result, (0,) * len(result)) if isinstance(result, (tuple, list)) else (result, 0)
+def _outputs(result, n):
+    if not isinstance(result, (tuple, list)):
+        return result, 0
+    # a gradient the output_mask leaves out is (0) per call: (n, 0) for n entries, as the loop stacks them
+    result = tuple(r.new_empty((n, 0)) if r.dim() == 1 and r.shape[0] == 0 and n else r for r in result)
+    return result, (0,) * len(result)
 
 
 def _spread(go, n, shape, divisor):
@@ -92,8 +98,11 @@ class _Elementwise:
         if n == 0 or len(shapes) != 1:
             return None
         shape = shapes.pop()
-        if self.first and args[self.reduction] == 0 and _entry_shape(args[0], in_dims[0]) != shape:
-            return None  # a per-element upstream gradient of another shape: the op's own error, per entry
+        if args[self.reduction] not in (0, 1, 2) or len(shape) >= _MAX_DIMS or (
+                self.batchmean is not None and args[self.batchmean] and args[self.reduction] != 1):
+            return None  # the op's own error per entry; or samples of kMaxDims dims, one more once folded
+        if self.first and _entry_shape(args[0], in_dims[0]) != (shape if args[self.reduction] == 0 else ()):
+            return None  # an upstream gradient of another shape: the op's own error (or (1) accepted), per entry
         args = list(args)
         for i in range(self.first, len(args)):
             if isinstance(args[i], torch.Tensor):
@@ -133,7 +142,7 @@ class _Elementwise:
             go = _spread(go.to(torch.float64) if isinstance(divisor, torch.Tensor) else go, n, shape, divisor)
             go = go.to(args[0].dtype)
         args[0] = go
-        return _outputs(self.op(*args))
+        return _outputs(self.op(*args), n)
 
 
 # ---- fold: cross_entropy and nll_loss --------------------------------------------------------------------------------
@@ -144,7 +153,7 @@ class _Elementwise:
 
 class _Classes:
     def __init__(self, op, first):
-        names = [a.name for a in op._schema.arguments]
+        names = self.names = [a.name for a in op._schema.arguments]
         self.op, self.first = op, first
         self.input, self.target, self.weight = names.index("input"), names.index("target"), names.index("weight")
         self.reduction, self.ignore = names.index("reduction"), names.index("ignore_index")
@@ -154,12 +163,16 @@ class _Classes:
         mean), or None where the fold does not apply."""
         n = info.batch_size
         input, target, weight = args[self.input], args[self.target], args[self.weight]
-        if n == 0 or (weight is not None and in_dims[self.weight] is not None):
+        if n == 0 or (weight is not None and in_dims[self.weight] is not None) or args[self.reduction] not in (0, 1, 2):
             return None
         shape = _entry_shape(input, in_dims[self.input])
         soft = target.is_floating_point()
         if len(shape) not in (1, 2) or _entry_shape(target, in_dims[self.target]) != (shape if soft else shape[:-1]):
             return None
+        if self.first and (_entry_shape(args[0], in_dims[0]) != (shape[:-1] if args[self.reduction] == 0 else ())
+                           or ("lse" in self.names and _entry_shape(args[self.names.index("lse")],
+                                                                      in_dims[self.names.index("lse")]) != shape[:-1])):
+            return None  # upstream gradient or lse of another shape: the op's own check, per entry
         rows, c = n * math.prod(shape[:-1]), shape[-1]
         args = list(args)
         for i in range(self.first, len(args)):
@@ -175,7 +188,7 @@ class _Classes:
         target, weight = args[self.target], args[self.weight]
         if target.is_floating_point():
             return torch.full((n,), math.prod(shape[:-1]), dtype=torch.float64, device=target.device)
-        valid = target != args[self.ignore]
+        valid = target.long() != args[self.ignore]
         if weight is None:
             w = valid.to(torch.float64)
         else:
@@ -187,7 +200,7 @@ class _Classes:
         the sample's mean scales it, also by 1 / 0)."""
         rows = _spread(per_sample, n, (math.prod(shape[:-1]),), None).reshape(-1)
         target = args[self.target]
-        return rows if target.is_floating_point() else torch.where(target != args[self.ignore], rows, 0.0)
+        return rows if target.is_floating_point() else torch.where(target.long() != args[self.ignore], rows, 0.0)
 
 
 class _CrossEntropy(_Classes):

@@ -262,3 +262,57 @@ def test_forward_mode_ad_equals_torch(op):
         torch.testing.assert_close(tangent, ref, equal_nan=True, **tol, msg=lambda m: f"{sample}: forward_ad: {m}")
         checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_forward_mode_over_vmap_equals_a_loop_over_entries(op):
+    """jvp of vmap (forward mode over per-sample losses, the form torch.func's jacfwd of a vmapped loss takes): two
+    entries (torch's sample, and the same with the input scaled by 0.75) mapped over the input and the positional
+    tensor operands, each with its own direction; equal to lossfuse's own jvp of each entry in turn (which
+    test_forward_mode_ad_equals_torch checks against torch)."""
+    if op.name == "nn.functional.ctc_loss":
+        pytest.skip("ctc_loss has no forward derivative, in torch nor in lossfuse (checked above)")
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    checked = 0
+    for k, sample in enumerate(op.sample_inputs("cpu", torch.float64, requires_grad=False)):
+        kwargs = {key: v for key, v in sample.kwargs.items() if key != "options"}
+        operands = [sample.input, *sample.args]
+        mapped = [i for i, t in enumerate(operands) if torch.is_tensor(t)]
+        g = torch.Generator().manual_seed(k)
+        entries = [[t * 0.75 if (e == 1 and i == 0) else t for i, t in enumerate(operands)] for e in range(2)]
+        directions = [torch.randn(sample.input.shape, dtype=torch.float64, generator=g) for _ in range(2)]
+
+        def call(x, ts):
+            full = list(operands)
+            for i, t in zip(mapped[1:], ts):
+                full[i] = t
+            full[0] = x
+            return ours_fn(*full, **kwargs)
+
+        try:
+            refs = [torch.func.jvp(lambda x: call(x, [entries[e][i] for i in mapped[1:]]), (entries[e][0],),
+                                   (directions[e],)) for e in range(2)]
+        except RuntimeError:  # a configuration lossfuse (as torch) refuses
+            continue
+        batched = [torch.stack([entries[e][i] for e in range(2)]) for i in mapped]
+        values, tangents = torch.func.jvp(lambda x: torch.func.vmap(lambda xi, *ts: call(xi, ts))(x, *batched[1:]),
+                                          (batched[0],), (torch.stack(directions),))
+        torch.testing.assert_close(values, torch.stack([r[0] for r in refs]), equal_nan=True,
+                                   msg=lambda m: f"{sample}: values: {m}")
+        torch.testing.assert_close(tangents, torch.stack([r[1] for r in refs]), equal_nan=True,
+                                   msg=lambda m: f"{sample}: tangents: {m}")
+        checked += 1
+    assert checked > 0, "every sample refused"
+
+
+def test_forward_mode_over_forward_mode_is_refused():
+    """jvp of jvp (jacfwd of jacfwd) would give a second derivative of 0 through lossfuse's forward rule: refused with
+    NotImplementedError, naming the transforms that work; those give torch's Hessian."""
+    x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0, 3, 1, 4])
+    ours = lambda z: LF.cross_entropy(z, t, label_smoothing=0.1)  # noqa: E731
+    theirs = lambda z: torch.nn.functional.cross_entropy(z, t, label_smoothing=0.1)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="forward mode over forward mode"):
+        torch.func.jacfwd(torch.func.jacfwd(ours))(x)
+    for second in (torch.func.hessian, lambda f: torch.func.jacrev(torch.func.jacfwd(f))):
+        torch.testing.assert_close(second(ours)(x), second(theirs)(x))

@@ -19,7 +19,8 @@ B = 3
 
 
 def _loop(op, in_dims, args):
-    outs = [op(*[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]) for i in range(B)]
+    n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    outs = [op(*[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]) for i in range(n)]
     if isinstance(outs[0], (tuple, list)):
         return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
     return torch.stack(outs)
@@ -176,7 +177,7 @@ def test_class_folds_leave_what_they_do_not_cover_to_the_loop():
         vmap(ce, in_dims=(0, 0) + (None,) * 8)(x[..., 0], t, None, 1, -100, 0.0, 1.0, 0.0, 0.0, False)
 
 
-# ---- the functions, against torch's own vmap ---------------------------------------------------------------------------
+# ---- the functions, entry by entry against torch ----------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss")  # kl_div's, as torch's
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
@@ -218,3 +219,68 @@ def test_functions_under_vmap_and_per_sample_grad_equal_torch(reduction):
                 e = [o.clone().requires_grad_(j in wanted) for j, o in enumerate(e)]
                 grads.append(torch.autograd.grad(torch_fn(*e), [e[j] for j in wanted])[k])
             torch.testing.assert_close(ours[k], torch.stack(grads), equal_nan=True, msg=f"{msg} grad of {i}")
+
+
+def test_folds_read_targets_as_the_kernels_do():
+    # the kernels compare class indices with ignore_index as 64-bit integers: a uint8 class 156 is not -100, nor is
+    # an int32 class 44 the ignore_index 300 (as the mean's divisor and its gradient's rows must agree)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(B, 3, 300, generator=g, dtype=torch.float64)
+    for dtype, cls, ignore in ((torch.uint8, 156, -100), (torch.int32, 44, 300), (torch.uint8, 255, -1)):
+        t = torch.randint(0, 200, (B, 3), generator=g).to(dtype)
+        t[:, 0] = cls
+        for reduction in (1, 2):
+            args = [x, t, None, reduction, ignore, 0.1, 1.0, 0.0, 0.0, True]
+            _check_op(lib.cross_entropy.default, args, [0, 0] + [None] * 8, torch.float64, f"{dtype} {ignore}")
+            logp = x.log_softmax(-1)
+            _check_op(lib.nll_loss.default, [logp, t, None, reduction, ignore], [0, 0, None, None, None],
+                      torch.float64, f"nll {dtype} {ignore}")
+        fn = lambda a, b: LF.cross_entropy(a, b, ignore_index=ignore)  # noqa: E731
+        ref = torch.stack([torch.func.grad(fn)(x[i], t[i]) for i in range(B)])
+        torch.testing.assert_close(vmap(torch.func.grad(fn))(x, t), ref)
+
+
+def test_folds_of_samples_at_the_dims_limit_and_masked_gradients():
+    # samples of 8 dims (the kernels' limit, which the mapped dim would pass) are left to the loop; a gradient the
+    # output_mask leaves out is (n, 0), as the loop stacks it, so vmap over vmap(grad) works
+    x = torch.randn(2, 1, 1, 1, 1, 1, 1, 2, 3, dtype=torch.float64)
+    y = torch.randn_like(x)
+    torch.testing.assert_close(vmap(LF.mse_loss)(x, y), torch.stack([LF.mse_loss(x[i], y[i]) for i in range(2)]))
+    torch.testing.assert_close(vmap(vmap(LF.l1_loss))(x, y),
+                               torch.stack([torch.stack([LF.l1_loss(x[i, j], y[i, j]) for j in range(1)])
+                                            for i in range(2)]))
+    a, b = torch.randn(2, 3, 5, 4, dtype=torch.float64), torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    for name in ("mse_loss", "huber_loss", "binary_cross_entropy_with_logits", "margin_ranking_loss"):
+        ours_fn, torch_fn = getattr(LF, name), getattr(F, name)
+        operands = (a, b.sigmoid()) if "logits" in name else (a, b) if name != "margin_ranking_loss" else \
+            (a, b, b.sign())
+        ours = vmap(vmap(torch.func.grad(ours_fn)))(*operands)
+        theirs = vmap(vmap(torch.func.grad(torch_fn)))(*operands)
+        torch.testing.assert_close(ours, theirs, msg=name)
+    go = torch.ones(2, dtype=torch.float64)
+    _check_op(lib.mse_loss_backward.default, [go, a[:, 0], b[:, 0], None, 1, [True, False]],
+              [0, 0, 0, None, None, None], torch.float64, "masked gradient")
+
+
+def test_folds_leave_bad_arguments_to_the_op():
+    # a reduction outside 0..2, kl_div's batchmean with another reduction, an lse or upstream gradient of the wrong
+    # shape: the op's own error, as without vmap
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(B, 4, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(B, 4, 5, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 5, (B, 4), generator=g)
+    cases = [
+        (lib.mse_loss.default, [x, y, None, 3], [0, 0, None, None]),
+        (lib.kl_div.default, [x, y, 2, True, False], [0, 0, None, None, None]),
+        (lib.cross_entropy.default, [x, t, None, 5, -100, 0.0, 1.0, 0.0, 0.0, False], [0, 0] + [None] * 8),
+        (lib.cross_entropy_backward.default,
+         [torch.ones(B, dtype=torch.float64), x, t, torch.zeros(B, 2, 2, dtype=torch.float64), None, 1, -100, 0.0,
+          1.0, 0.0, 0.0], [0, 0, 0, 0] + [None] * 7),
+        (lib.mse_loss_backward.default, [torch.ones(B, 2, 2, dtype=torch.float64), x, y, None, 0, [True, True]],
+         [0, 0, 0, None, None, None]),
+    ]
+    for op, args, dims in cases:
+        with pytest.raises((ValueError, RuntimeError)) as looped:
+            _loop(op, dims, args)
+        with pytest.raises(type(looped.value)):
+            vmap(lambda *a: op(*a), in_dims=tuple(dims))(*args)
