@@ -240,10 +240,10 @@ class _SaveRecorder(_CtxView):
         object.__setattr__(self, "saved", tensors)
 
     def mark_non_differentiable(self, *tensors):
-        # Under a forward-mode transform the outputs stay unmarked and get zero tangents (see jvp): torch.func
-        # refuses None tangents for unmarked outputs, and under vmap marking reaches the batched tensors inside,
-        # not the outputs it checks.
-        if any(i.key() == _JVP for i in _interpreters()):
+        # Under vmap's generated setup_context marking reaches the batched tensors inside, not the outputs torch
+        # checks, and torch refuses None tangents for unmarked outputs: where a forward-mode level may ask for them,
+        # such outputs get zero tangents (of one entry, see jvp) instead. Elsewhere they are marked, and get none.
+        if isinstance(self._ctx, _CtxCustomSave) and any(i.key() == _JVP for i in _interpreters()):
             self._ctx.zero_other_tangents = True
         else:
             self._ctx.mark_non_differentiable(*tensors)
@@ -271,10 +271,11 @@ def _setup_saving_primals(setup_context, ctx, inputs, output):
     _keep_primals(ctx, inputs, output)
 
 
-try:  # the ctx vmap's generated jvp and backward hand over, with the saved tensors batched at the running level
+try:  # the ctxs of vmap's generated rule: its setup_context's, and its jvp's and backward's (saved tensors batched)
+    from torch._functorch.autograd_function import CtxCustomSave as _CtxCustomSave
     from torch._functorch.autograd_function import CtxWithSavedTensors as _CtxWithSavedTensors
 except ImportError:  # pragma: no cover
-    _CtxWithSavedTensors = ()
+    _CtxCustomSave = _CtxWithSavedTensors = ()
 
 
 def _primals(ctx):
@@ -299,8 +300,8 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
     composition(*args): the op's first output (the loss) computed by differentiable torch operations, in the dtype
     the op returns it; with it, forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad) works
     through the op: its tangent is the composition's. `outputs`: how many tensors the op returns (the others get no
-    tangent). `differentiable`: the positions of the arguments that carry tangents (default: every tensor); the
-    others (class weights whose tangent torch ignores too) are constants."""
+    tangent). `differentiable`: the positions of the arguments that carry tangents, or a function of the arguments
+    giving them (default: every tensor); the others (class weights whose tangent torch ignores too) are constants."""
     torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.lossfuse, name).default
 
@@ -324,8 +325,9 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                 "take second derivatives with a reverse-mode level in them: torch.func.hessian (jacfwd of jacrev), "
                 "jacrev(jacfwd(...)) or jacrev(jacrev(...))")
         primals = _primals(ctx)
+        carried = differentiable(primals) if callable(differentiable) else differentiable
         moved = [i for i, (p, t) in enumerate(zip(primals, tangents))
-                 if isinstance(p, torch.Tensor) and t is not None and (differentiable is None or i in differentiable)]
+                 if isinstance(p, torch.Tensor) and t is not None and (carried is None or i in carried)]
 
         def substituted(base, values):
             full = list(base)
@@ -337,6 +339,10 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
         if not moved:  # tangents only for constants (class weights)
             tangent = torch.zeros_like(composition(*primals)).detach()
         elif torch._C._are_functorch_transforms_active():
+            if not any(i.key() == _JVP for i in _interpreters()):  # forward_ad's duals under vmap: not batchable
+                raise NotImplementedError(
+                    f"lossfuse: {name}: torch.autograd.forward_ad's dual tensors through a vmapped loss are not "
+                    "supported; torch.func.jvp of the vmapped loss is")
             _, tangent = torch.func.jvp(lambda *values: substituted(primals, values),
                                         tuple(primals[i].contiguous() for i in moved),
                                         tuple(tangents[i].contiguous() for i in moved))

@@ -155,7 +155,8 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
 register_autograd("cross_entropy", _ce_backward, _ce_setup,
                   lambda input, target, weight, *args: _ce_differentiable(*in_acc_dtype([input, target, weight]),
                                                                           args[:6]),
-                  outputs=4, differentiable=(0, 1, 2))
+                  # class weights carry tangents for probability targets only, as in torch
+                  outputs=4, differentiable=lambda args: (0, 1, 2) if args[1].is_floating_point() else (0,))
 
 
 def _nll_setup(ctx, inputs, output):

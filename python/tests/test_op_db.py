@@ -316,3 +316,18 @@ def test_forward_mode_over_forward_mode_is_refused():
         torch.func.jacfwd(torch.func.jacfwd(ours))(x)
     for second in (torch.func.hessian, lambda f: torch.func.jacrev(torch.func.jacfwd(f))):
         torch.testing.assert_close(second(ours)(x), second(theirs)(x))
+
+
+def test_forward_mode_weight_tangents_and_forward_ad_under_vmap():
+    # class weights carry tangents for probability targets only (torch ignores them for class indices); dual tensors
+    # of torch.autograd.forward_ad through a vmapped loss are refused by name (torch.func.jvp of it works, above)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    w, vw = torch.rand(5, generator=g, dtype=torch.float64) + 0.5, torch.randn(5, generator=g, dtype=torch.float64)
+    for target in (torch.tensor([0, 3, 1]), torch.rand(3, 5, generator=g, dtype=torch.float64).softmax(-1)):
+        ours = torch.func.jvp(lambda v: LF.cross_entropy(x, target, weight=v), (w,), (vw,))
+        theirs = torch.func.jvp(lambda v: torch.nn.functional.cross_entropy(x, target, weight=v), (w,), (vw,))
+        torch.testing.assert_close(ours, theirs)
+    fwad = torch.autograd.forward_ad
+    with fwad.dual_level(), pytest.raises(NotImplementedError, match="forward_ad's dual tensors through a vmapped"):
+        torch.func.vmap(LF.mse_loss)(fwad.make_dual(x, x), x.flip(0))
