@@ -313,7 +313,6 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             _keep_primals(ctx, args, output)
         return output
 
-
     def jvp(ctx, *tangents):
         if composition is None:
             raise NotImplementedError(f"lossfuse: {name}: forward-mode AD is not supported (nor by torch)")
