@@ -173,30 +173,99 @@ struct HwyOps {
     return hn::Neg(hn::MulAdd(y, lx, hn::Mul(hn::Sub(one, y), l1mx)));
   }
 #if LOSSFUSE_HWY_LOG_TABLE
-  // bce_nll on AVX-512, from the table log's pieces. log(1 - x) is taken from x itself, not from the rounded
-  // 1 - x: with u = 1 - x = 2^e m, r = (1 - x) 2^-e invc - 1 = (sc - 1) - x sc for sc = invc 2^-e, where sc - 1 is
-  // exact (Sterbenz for sc in [1/2, 2]; sc < 2^24 on a grid of at most 1 otherwise) and the FMA rounds once.
-  // x = 0 (or 1) makes its log NaN or -inf, and max of either with -100 is -100 (vmaxps returns its second
-  // operand for a NaN).
+  // bce_nll on AVX-512. Hard labels (every lane's y is 0 or 1): one log, of x where y = 1 and of 1 - x where
+  // y = 0, taken from x itself, not from the rounded 1 - x: with u = 1 - x = 2^e m, r = (1 - x) 2^-e invc - 1 =
+  // (sc - 1) - x sc for sc = invc 2^-e, where sc - 1 is exact (Sterbenz for sc in [1/2, 2]; sc < 2^24 on a grid of
+  // at most 1 otherwise) and the FMA rounds once. x = 0 (or 1) makes its log NaN or -inf, and max of either with
+  // -100 is -100 (vmaxps returns its second operand for a NaN). Other targets: both logs, by BceLogsAvx3.
   static HWY_INLINE __m512 BceNllAvx3(__m512 x, __m512 y) {
-    const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(-100.0f);
-    const __mmask16 hard = _kor_mask16(_mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ),
-                                       _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ));
-    const __m512 u = _mm512_sub_ps(one, x);
-    if (hard == 0xffff) {  // hard labels: one log, of x where y = 1 and of 1 - x where y = 0
-      const __mmask16 y1 = _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ);
-      const avx3::Reduced q = avx3::Reduce(_mm512_mask_blend_ps(y1, u, x));
-      const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
-      const __m512 r = _mm512_mask_blend_ps(y1, _mm512_fnmadd_ps(x, sc, _mm512_sub_ps(sc, one)),
-                                            _mm512_fmsub_ps(q.m, q.invc, one));
-      return _mm512_sub_ps(_mm512_setzero_ps(), _mm512_max_ps(avx3::Finish(q, r), lo));
-    }
-    const avx3::Reduced qx = avx3::Reduce(x);
-    const __m512 lx = _mm512_max_ps(avx3::Finish(qx, _mm512_fmsub_ps(qx.m, qx.invc, one)), lo);
-    const avx3::Reduced qu = avx3::Reduce(u);
-    const __m512 sc = _mm512_scalef_ps(qu.invc, _mm512_sub_ps(_mm512_setzero_ps(), qu.e));
-    const __m512 l1mx = _mm512_max_ps(avx3::Finish(qu, _mm512_fnmadd_ps(x, sc, _mm512_sub_ps(sc, one))), lo);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __mmask16 y1 = _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ);
+    if (_kor_mask16(y1, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ)) == 0xffff) return BceHardAvx3(x, y1);
+    __m512 ls, lc;
+    const __mmask16 hi = BceLogsAvx3(x, ls, lc);
+    const __m512 lx = _mm512_mask_blend_ps(hi, ls, lc), l1mx = _mm512_mask_blend_ps(hi, lc, ls);
     return _mm512_fnmsub_ps(y, lx, _mm512_mul_ps(_mm512_sub_ps(one, y), l1mx));  // -(y lx) - (1 - y) l1mx
+  }
+  // the hard-label loss; y1: the lanes whose target is 1 (the others' is 0)
+  static HWY_INLINE __m512 BceHardAvx3(__m512 x, __mmask16 y1) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const avx3::Reduced q = avx3::Reduce(_mm512_mask_blend_ps(y1, _mm512_sub_ps(one, x), x));
+    const __m512 sc = _mm512_scalef_ps(q.invc, _mm512_sub_ps(_mm512_setzero_ps(), q.e));
+    const __m512 r = _mm512_mask_blend_ps(y1, _mm512_fnmadd_ps(x, sc, _mm512_sub_ps(sc, one)),
+                                          _mm512_fmsub_ps(q.m, q.invc, one));
+    return _mm512_sub_ps(_mm512_setzero_ps(), _mm512_max_ps(avx3::Finish(q, r), _mm512_set1_ps(-100.0f)));
+  }
+  // log1p(r) for |r| <= 0.0162: Taylor to r^4 (the truncation, r^5 / 5, is below 0.25 ulp of r)
+  static HWY_INLINE __m512 Log1pSmallAvx3(__m512 r) {
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(-0.25f), r, _mm512_set1_ps(0.333333343f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(-0.5f));
+    return _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r);
+  }
+  // t[idx & 31] for a 32-entry table
+  static HWY_INLINE __m512 Lookup32(const float* t, __m512i idx) {
+    return _mm512_permutex2var_ps(_mm512_load_ps(t), idx, _mm512_load_ps(t + 16));
+  }
+  // max(log x, -100) and max(log(1 - x), -100) for x in [0, 1], from s = min(x, 1 - x), which is exact (x below
+  // 1/2; Sterbenz above), and the two logs of that one number on their fixed ranges:
+  // - log s for s in [0, 1/2]: s = 2^e m, m in [1, 2) (getexp / getmant, subnormals included); the top 5 fraction
+  //   bits of m pick invc ~ 1/c for c near the interval's middle and log c = -log invc, r = m invc - 1 in one FMA,
+  //   |r| <= 1/64; log s = e ln2 + log c + log1p(r). s = 0 gives -inf, clamped to -100.
+  //   (Both tables: invc of 14 bits, picked near 1/c so that log c lies within 0.1 ulp of the float stored.)
+  // - log(1 - s) for 1 - s in [1/2, 1], with no exponent step: j = round(62 s) picks invc ~ 1 / (1 - j/62) and
+  //   log c, r = (1 - s) invc - 1 = (invc - 1) - s invc in one FMA from s itself (invc - 1 is exact), so 1 - s is
+  //   never rounded; |r| <= 0.0162. Never below log(1/2): no clamp.
+  // Returns the lanes where x > 1/2, whose log x is log(1 - s) and log(1 - x) is log s (the other way round
+  // elsewhere). About 25 vector operations for both logs, against about 40 for two table logs with their exponent
+  // steps.
+  static HWY_INLINE __mmask16 BceLogsAvx3(__m512 x, __m512& ls, __m512& lc) {
+    alignas(64) static constexpr float kMantInvC[32] = {
+        0.984313965f, 0.954650879f, 0.92791748f, 0.900878906f, 0.876281738f, 0.853149414f, 0.831665039f,
+        0.810424805f, 0.790771484f, 0.77154541f, 0.752746582f, 0.736083984f, 0.718811035f, 0.703308105f,
+        0.688110352f, 0.673278809f, 0.660400391f, 0.64630127f, 0.634338379f, 0.622070312f, 0.609802246f,
+        0.597412109f, 0.58782959f, 0.577331543f, 0.566467285f, 0.556213379f, 0.547058105f, 0.538330078f,
+        0.528747559f, 0.520446777f, 0.511901855f, 0.504272461f};
+    alignas(64) static constexpr float kMantLogC[32] = {
+        0.015810363f, 0.0464095771f, 0.0748124719f, 0.10438443f, 0.132067621f, 0.158820584f, 0.184325516f,
+        0.210196719f, 0.234746248f, 0.259359747f, 0.284026653f, 0.306411058f, 0.330156773f, 0.351960212f,
+        0.373806059f, 0.395595759f, 0.414908975f, 0.436489522f, 0.455172747f, 0.47470215f, 0.494620562f,
+        0.515148103f, 0.531318188f, 0.549338579f, 0.56833595f, 0.586603284f, 0.603200257f, 0.619283378f,
+        0.637244165f, 0.653067648f, 0.669622362f, 0.68463856f};
+    alignas(64) static constexpr float kCompInvC[32] = {
+        1.0f, 1.01501465f, 1.0345459f, 1.04956055f, 1.06811523f, 1.08666992f, 1.10803223f, 1.12634277f, 1.14770508f,
+        1.17102051f, 1.19262695f, 1.21484375f, 1.24108887f, 1.26647949f, 1.29174805f, 1.31970215f, 1.34729004f,
+        1.37890625f, 1.40820312f, 1.44055176f, 1.47753906f, 1.51306152f, 1.54882812f, 1.58947754f, 1.63085938f,
+        1.67626953f, 1.7220459f, 1.7713623f, 1.82446289f, 1.87768555f, 1.93725586f, 2.0f};
+    alignas(64) static constexpr float kCompLogC[32] = {
+        0.0f, -0.0149030443f, -0.033962585f, -0.0483715497f, -0.0658956319f, -0.0831179023f, -0.102585673f,
+        -0.1189759f, -0.137764364f, -0.157875597f, -0.176158398f, -0.194615468f, -0.215989113f, -0.236240998f,
+        -0.255996376f, -0.277406067f, -0.298095196f, -0.321290612f, -0.342314512f, -0.365026206f, -0.390377909f,
+        -0.414135098f, -0.437498599f, -0.463405371f, -0.489107102f, -0.516570807f, -0.54351306f, -0.571748912f,
+        -0.601285636f, -0.63003993f, -0.661272466f, -0.693147182f};
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 s = _mm512_min_ps(x, _mm512_sub_ps(one, x));
+    const __m512 m = _mm512_getmant_ps(s, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+    const __m512i jm = _mm512_srli_epi32(_mm512_castps_si512(m), 18);  // vpermt2ps reads the low 5 bits
+    const __m512 rm = _mm512_fmsub_ps(m, Lookup32(kMantInvC, jm), one);
+    ls = _mm512_max_ps(
+        _mm512_add_ps(_mm512_fmadd_ps(_mm512_getexp_ps(s), _mm512_set1_ps(0.693147182f), Lookup32(kMantLogC, jm)),
+                      Log1pSmallAvx3(rm)),
+        _mm512_set1_ps(-100.0f));
+    const __m512i jc = _mm512_castps_si512(_mm512_fmadd_ps(s, _mm512_set1_ps(62.0f), _mm512_set1_ps(12582912.0f)));
+    const __m512 invc = Lookup32(kCompInvC, jc);
+    lc = _mm512_add_ps(Lookup32(kCompLogC, jc),
+                       Log1pSmallAvx3(_mm512_fnmadd_ps(s, invc, _mm512_sub_ps(invc, one))));
+    return _mm512_cmp_ps_mask(x, _mm512_set1_ps(0.5f), _CMP_GT_OQ);
+  }
+  // acc - the bce losses of x, y: by BceHardAvx3 when `hard` (every target is 0 or 1), else both logs, each times its
+  // weight, subtracted by one FMA apiece (masked subtractions make the weights: no blend of the logs).
+  static HWY_INLINE __m512 BceSubLossesAvx3(__m512 acc, __m512 x, __m512 y, bool hard) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    if (hard) return _mm512_sub_ps(acc, BceHardAvx3(x, _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ)));
+    __m512 ls, lc;
+    const __mmask16 hi = BceLogsAvx3(x, ls, lc);
+    acc = _mm512_fnmadd_ps(_mm512_mask_sub_ps(y, _knot_mask16(hi), one, y), lc, acc);  // 1 - y where x <= 1/2
+    return _mm512_fnmadd_ps(_mm512_mask_sub_ps(y, hi, one, y), ls, acc);                 // 1 - y where x > 1/2
   }
 #endif
   // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN. exp(-|a|) lies in [0, 1] for
@@ -271,6 +340,41 @@ constexpr core::PwCheck kLossCheck<lm::BceLoss> = core::PwCheck::x_unit_interval
 template <>
 constexpr core::PwCheck kLossCheck<lm::GaussianNllLoss> = core::PwCheck::z_nonnegative;
 
+// The reduced forward of bce_with_logits without pos_weight, float lanes: the sum of (1 - y) x + max(-x, 0) +
+// log1p(e), e = e^-|x| in [0, 1], with the log1p terms summed as the log of their product, so that an element
+// costs one exp and no log. q = 1 + e in [1, 2] is rounded; what the rounding dropped, delta = e - (q - 1)
+// (exact), is added to the sum in place of log1p(delta / q) (error delta (1 - 1/q) <= 2^-24 log1p(e), so tiny e
+// keep every bit). Each lane's product of kFold factors stays below 2^kFold and is folded into the sum by one
+// log. Infinite and NaN x or y give what the per-element formula gives: NaN from (1 - y) x, or -inf + inf.
+template <class D>
+struct SoftplusProductSum {
+  using V = hn::Vec<D>;
+  static constexpr int kFold = 64;
+  D d;
+  V sum, prod;
+  int since = 0;
+  SoftplusProductSum(D d_, V start) : d(d_), sum(start), prod(hn::Set(d_, 1.0f)) {}
+  HWY_INLINE void add(V x, V y) {
+    const V one = hn::Set(d, 1.0f);
+    sum = hn::MulAdd(hn::Sub(one, y), x, sum);
+#if LOSSFUSE_HWY_LOG_TABLE
+    const V e{avx3::ExpNonPositiveAll(_mm512_or_ps(x.raw, _mm512_set1_ps(-0.0f)))};
+#else
+    const V e = ExpNonPositive(d, hn::Neg(hn::Abs(x)));
+#endif
+    const V q = hn::Add(one, e);
+    sum = hn::Add(sum, hn::Sub(hn::Sub(e, hn::Sub(q, one)), hn::Min(x, hn::Zero(d))));
+    prod = hn::Mul(prod, q);
+    if (++since == kFold) fold();
+  }
+  HWY_INLINE V fold() {
+    sum = hn::Add(sum, FastLogPositive(d, prod));
+    prod = hn::Set(d, 1.0f);
+    since = 0;
+    return sum;
+  }
+};
+
 // The vector part [0, n) of one tile (n a multiple of the lane count) when every operand present is contiguous
 // along the row and there is no weight: the general loop's per-vector tests of stride, weight and mode are hoisted
 // out, leaving the loads, the formula and the store or sum. x..gz point at the tile's first element.
@@ -312,6 +416,60 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       vl = hn::Add(vl, Loss::value(vo, k, xv, yv, zv));
     };
     std::int64_t j = 0;
+    if constexpr (std::is_same_v<Loss, lm::BceWithLogitsLoss<false>> && sizeof(Acc) == 4) {
+      SoftplusProductSum<D> acc(d, vl);
+      if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+        for (; j + 2 * N <= n; j += 2 * N) {
+          V x0, x1, y0, y1;
+          LoadEvenOdd(d, x + j, x0, x1);
+          LoadEvenOdd(d, y + j, y0, y1);
+          acc.add(x0, y0);
+          acc.add(x1, y1);
+        }
+      }
+      for (; j < n; j += N) acc.add(LoadAcc(d, x + j), LoadAcc(d, y + j));
+      vl = acc.fold();
+      return;
+    }
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (std::is_same_v<Loss, lm::BceLoss> && hn::MaxLanes(D()) == 16 && sizeof(Acc) == 4 &&
+                  (std::is_same_v<T, float> || std::is_same_v<T, hwy::bfloat16_t>)) {
+      // bce on AVX-512: HwyOps::BceSubLossesAvx3 on each vector. bfloat16 by pairs of vectors (32 elements in one
+      // load per operand), with the range check of x and the hard-label test of y made on the 32 raw words at once
+      // (x in [0, 1]: its bits, unsigned, at most those of 1; hard: every word is +0 or 1, so -0 takes the general
+      // path, which is right for it too). float32: the same tests on the 16 float lanes.
+      const __m512 one = _mm512_set1_ps(1.0f);
+      __m512 acc = vl.raw;
+      bool over = false;
+      if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+        const __m512i one16 = _mm512_set1_epi16(0x3f80), hi16 = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+        __m512i max_bits = _mm512_setzero_si512();
+        for (; j + 2 * N <= n; j += 2 * N) {
+          const __m512i wx = _mm512_loadu_si512(x + j), wy = _mm512_loadu_si512(y + j);
+          max_bits = _mm512_max_epu16(max_bits, wx);
+          const bool hard = (_mm512_cmpeq_epi16_mask(wy, one16) | _mm512_cmpeq_epi16_mask(wy, _mm512_setzero_si512())) ==
+                            0xffffffffu;
+          acc = HwyOps<D>::BceSubLossesAvx3(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wx, 16)),
+                                            _mm512_castsi512_ps(_mm512_slli_epi32(wy, 16)), hard);
+          acc = HwyOps<D>::BceSubLossesAvx3(acc, _mm512_castsi512_ps(_mm512_and_si512(wx, hi16)),
+                                            _mm512_castsi512_ps(_mm512_and_si512(wy, hi16)), hard);
+        }
+        over = _mm512_cmpgt_epu16_mask(max_bits, one16) != 0;
+      }
+      __m512i max_bits = _mm512_setzero_si512();
+      for (; j < n; j += N) {
+        const __m512 xv = LoadAcc(d, x + j).raw, yv = LoadAcc(d, y + j).raw;
+        max_bits = _mm512_max_epu32(max_bits, _mm512_castps_si512(xv));
+        const bool hard = (_mm512_cmp_ps_mask(yv, one, _CMP_EQ_OQ) |
+                           _mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_EQ_OQ)) == 0xffff;
+        acc = HwyOps<D>::BceSubLossesAvx3(acc, xv, yv, hard);
+      }
+      over = over || _mm512_cmpgt_epu32_mask(max_bits, _mm512_castps_si512(one)) != 0;
+      if (over) bad = hn::FirstN(d, 1);
+      vl = V{acc};
+      return;
+    }
+#endif
     if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
       // A sum does not care which lane holds which element: pairs of vectors by LoadEvenOdd.
       for (; j + 2 * N <= n; j += 2 * N) {

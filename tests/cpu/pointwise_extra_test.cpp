@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -939,5 +941,51 @@ TEST(PointwiseExtra, BceHardAndSoftLabelsMatchFormula) {
       const double want = -(yv * std::max(std::log(xv), -100.0) + (1 - yv) * std::max(std::log1p(-xv), -100.0));
       EXPECT_NEAR(loss.get(i), want, 4 * u * std::max(std::fabs(want), 1e-30)) << i << " x=" << xv << " y=" << yv;
     }
+  }
+}
+
+// bce's two logs for soft targets (the s = min(x, 1 - x) kernel on AVX-512, the generic one elsewhere), one at a
+// time, over every bfloat16 in [0, 1] and a sweep of float32 bit patterns: each x is placed once with y = 1 (the
+// loss is -max(log x, -100)) and once with y = 0 (-max(log1p(-x), -100)) in vectors whose first two lanes hold
+// y = 1/2, which keeps the hard-label path out. Checked in ulps of the float32 result against float64.
+TEST(PointwiseExtra, BceSoftLabelLogsWithinTwoUlpOverEveryBf16AndAFloatSweep) {
+  namespace lf = lossfuse;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dname(dt));
+    std::vector<double> xs;
+    auto add_bits = [&xs](std::uint32_t b) {
+      float f;
+      std::memcpy(&f, &b, sizeof f);
+      xs.push_back(static_cast<double>(f));
+    };
+    if (dt == DType::bf16) {
+      for (std::uint32_t b = 0; b <= 0x3f80u; ++b) add_bits(b << 16);
+    } else {  // every 997th pattern in [0, 1], and every 13th in [1/2, 1]
+      for (std::uint32_t b = 0; b <= 0x3f800000u; b += 997) add_bits(b);
+      for (std::uint32_t b = 0x3f000000u; b <= 0x3f800000u; b += 13) add_bits(b);
+    }
+    // rows of 16: lanes 0 and 1 soft (x = 1/2), then 7 x values with y = 1 and the same 7 with y = 0
+    const std::int64_t rows = (static_cast<std::int64_t>(xs.size()) + 6) / 7, n = rows * 16;
+    Tensor x = Tensor::make(dt, {n}), y = Tensor::make(dt, {n}), loss = Tensor::make(DType::f32, {n});
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (int l = 0; l < 16; ++l) {
+        const std::int64_t i = r * 16 + l;
+        const auto k = static_cast<std::size_t>(std::min<std::int64_t>(r * 7 + (l + 5) % 7, std::ssize(xs) - 1));
+        x.set(i, l < 2 ? 0.5 : xs[k]);
+        y.set(i, l < 2 ? 0.5 : l < 9 ? 1.0 : 0.0);
+      }
+    }
+    lf::bce_forward(x.view, y.view, {Reduction::none, std::nullopt}, loss.view);
+    double worst = 0;
+    std::int64_t worst_i = -1;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (i % 16 < 2) continue;
+      const double xv = x.get(i);
+      const double want = -std::max(y.get(i) == 1.0 ? std::log(xv) : std::log1p(-xv), -100.0);
+      const double ulp = want == 0 ? 0x1p-149 : std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+      const double e = std::fabs(loss.get(i) - want) / ulp;
+      if (e > worst) worst = e, worst_i = i;
+    }
+    EXPECT_LE(worst, 2.0) << "at x = " << x.get(worst_i) << ", y = " << y.get(worst_i);
   }
 }
