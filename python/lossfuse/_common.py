@@ -1,5 +1,8 @@
 """Helpers shared by every loss's Python side: reductions, accumulation dtypes, output casts."""
 
+import contextlib
+import threading
+
 import torch
 from torch.nn import _reduction as _torch_reduction
 
@@ -192,6 +195,24 @@ def differentiable_grads(loss_fn, tensors, wanted, grad_output):
 
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
+
+_function_forwards = threading.local()
+
+
+@contextlib.contextmanager
+def _in_function_forward():
+    _function_forwards.depth = getattr(_function_forwards, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _function_forwards.depth -= 1
+
+
+def forward_mode_missed():
+    """For a vmap rule: True when a torch.func forward-mode level is active beneath it and the op was not called by
+    the forward of a lossfuse Function (whose jvp carries the tangents). That is the op traced straight into a
+    torch.compile graph under jvp of vmap: the op has no forward rule, and its tangents would come back zero."""
+    return getattr(_function_forwards, "depth", 0) == 0 and any(i.key() == _JVP for i in _interpreters())
 
 
 class _Ops:
@@ -395,7 +416,7 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
         return out
 
     def forward_alone(*args):
-        with _below_autograd():
+        with _below_autograd(), _in_function_forward():
             return op(*gather(args))
 
     def setup_for_transforms(ctx, inputs, output):
@@ -415,6 +436,12 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
 
     def call(*args):
         if torch.compiler.is_compiling():
+            # Under a torch.func transform whose innermost level is not vmap's, Dynamo gets the Function: it traces
+            # its jvp (the registered op has no forward rule, so tangents through it came back zero) or runs it
+            # eagerly after a graph break. vmap's batched tensors keep the op, whose batching rule Dynamo traces.
+            if torch._C._are_functorch_transforms_active() and not any(
+                    isinstance(a, torch.Tensor) and torch._C._functorch.is_batchedtensor(a) for a in args):
+                return transformable.apply(*spread(args))
             return op(*args)
         try:
             if _plain_eager(args):

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from ._common import forward_mode_missed
+
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 
 
@@ -301,4 +303,15 @@ def register_vmap_rules():
         op = getattr(lib, name).default
         if op._schema.is_mutable or not op._schema.returns:
             continue
-        torch.library.register_vmap(qualname, folds.get(name) or _vmap_by_entries(op))
+        rule = folds.get(name) or _vmap_by_entries(op)
+        torch.library.register_vmap(qualname, _refusing_missed_forward_mode(name, rule))
+
+
+def _refusing_missed_forward_mode(name, rule):
+    def checked(info, in_dims, *args, **kwargs):
+        if forward_mode_missed():
+            raise NotImplementedError(
+                f"lossfuse: {name}: forward-mode AD (jvp, jacfwd) of a vmapped loss inside torch.compile is not "
+                "supported; call the transform outside torch.compile, or vmap inside the forward-mode transform")
+        return rule(info, in_dims, *args, **kwargs)
+    return checked

@@ -331,3 +331,37 @@ def test_forward_mode_weight_tangents_and_forward_ad_under_vmap():
     fwad = torch.autograd.forward_ad
     with fwad.dual_level(), pytest.raises(NotImplementedError, match="forward_ad's dual tensors through a vmapped"):
         torch.func.vmap(LF.mse_loss)(fwad.make_dual(x, x), x.flip(0))
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "mse_loss"])
+def test_forward_mode_inside_torch_compile_is_right_or_refused(name):
+    """jvp, jacfwd and jvp of vmap inside torch.compile: torch's tangents (Dynamo traces the loss's Function or runs
+    it eagerly after a graph break), never the zeros a registered op without a forward rule gave. Under
+    fullgraph=True a graph break is an error, which is allowed: a wrong value is not."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
+    v = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
+    if name == "cross_entropy":
+        t = torch.randint(0, 6, (3, 4), generator=g)
+    else:
+        t = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
+
+    def cases(F):
+        loss = getattr(F, name)
+        return {
+            "jvp": lambda a: torch.func.jvp(lambda p: loss(p[0], t[0]), (a,), (v,))[1],
+            "jacfwd": lambda a: torch.func.jacfwd(lambda p: loss(p[1], t[1]))(a),
+            "jvp(vmap)": lambda a: torch.func.jvp(lambda p: torch.func.vmap(loss)(p, t), (a,), (v,))[1],
+        }
+
+    want = {k: f(x) for k, f in cases(torch.nn.functional).items()}
+    for case, f in cases(LF).items():
+        got = torch.compile(f)(x)
+        torch.testing.assert_close(got, want[case], msg=lambda m, c=case: f"{c}: {m}")
+        try:
+            got = torch.compile(f, fullgraph=True)(x)
+        except Exception:  # noqa: BLE001 - Dynamo's graph-break error (its type varies across torch versions)
+            continue
+        torch.testing.assert_close(got, want[case], msg=lambda m, c=case: f"{c}, fullgraph: {m}")
+    torch._dynamo.reset()
