@@ -438,10 +438,14 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
         if torch.compiler.is_compiling():
             # Under a torch.func transform whose innermost level is not vmap's, Dynamo gets the Function: it traces
             # its jvp (the registered op has no forward rule, so tangents through it came back zero) or runs it
-            # eagerly after a graph break. vmap's batched tensors keep the op, whose batching rule Dynamo traces.
-            if torch._C._are_functorch_transforms_active() and not any(
-                    isinstance(a, torch.Tensor) and torch._C._functorch.is_batchedtensor(a) for a in args):
+            # eagerly after a graph break. An input batched by vmap keeps the op, whose batching rule Dynamo
+            # traces. (The input, not any tensor: an outer vmap batches a target that an inner jvp leaves alone.)
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if torch._C._are_functorch_transforms_active() and not (
+                    first is not None and torch._C._functorch.is_batchedtensor(first)):
                 return transformable.apply(*spread(args))
+            if forward_ad_active():  # torch.autograd.forward_ad's duals: the same, by the plain Function
+                return function.apply(*args)
             return op(*args)
         try:
             if _plain_eager(args):

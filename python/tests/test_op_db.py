@@ -333,11 +333,18 @@ def test_forward_mode_weight_tangents_and_forward_ad_under_vmap():
         torch.func.vmap(LF.mse_loss)(fwad.make_dual(x, x), x.flip(0))
 
 
+def _forward_ad_tangent(loss, x, t, v):
+    fwad = torch.autograd.forward_ad
+    with fwad.dual_level():
+        return fwad.unpack_dual(loss(fwad.make_dual(x.clone(), v.clone()), t)).tangent
+
+
 @pytest.mark.parametrize("name", ["cross_entropy", "mse_loss"])
 def test_forward_mode_inside_torch_compile_is_right_or_refused(name):
-    """jvp, jacfwd and jvp of vmap inside torch.compile: torch's tangents (Dynamo traces the loss's Function or runs
-    it eagerly after a graph break), never the zeros a registered op without a forward rule gave. Under
-    fullgraph=True a graph break is an error, which is allowed: a wrong value is not."""
+    """jvp, jacfwd, jvp of vmap, vmap of jvp and torch.autograd.forward_ad inside torch.compile: torch's tangents
+    (Dynamo traces the loss's Function or runs it eagerly after a graph break), never the zeros (or None) that a
+    registered op without a forward rule gave. Under fullgraph=True a graph break is an error, which is allowed: a
+    wrong value is not."""
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
@@ -350,9 +357,15 @@ def test_forward_mode_inside_torch_compile_is_right_or_refused(name):
     def cases(F):
         loss = getattr(F, name)
         return {
+            # first: after a fullgraph attempt that Dynamo refuses inside torch.func.jvp, make_dual in a compiled
+            # function reports a forward gradient already present (torch's own state, with torch's losses too)
+            "forward_ad": lambda a: _forward_ad_tangent(loss, a[2], t[2], v[2]),
             "jvp": lambda a: torch.func.jvp(lambda p: loss(p[0], t[0]), (a,), (v,))[1],
             "jacfwd": lambda a: torch.func.jacfwd(lambda p: loss(p[1], t[1]))(a),
             "jvp(vmap)": lambda a: torch.func.jvp(lambda p: torch.func.vmap(loss)(p, t), (a,), (v,))[1],
+            # per-sample jvp: the target is batched by the outer vmap, the input is the inner jvp's
+            "vmap(jvp)": lambda a: torch.func.vmap(
+                lambda p, q, w: torch.func.jvp(lambda r: loss(r, q), (p,), (w,))[1])(a, t, v),
         }
 
     want = {k: f(x) for k, f in cases(torch.nn.functional).items()}

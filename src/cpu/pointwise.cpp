@@ -257,11 +257,11 @@ struct HwyOps {
                        Log1pSmallAvx3(_mm512_fnmadd_ps(s, invc, _mm512_sub_ps(invc, one))));
     return _mm512_cmp_ps_mask(x, _mm512_set1_ps(0.5f), _CMP_GT_OQ);
   }
-  // acc - the bce losses of x, y: by BceHardAvx3 when `hard` (every target is 0 or 1), else both logs, each times its
-  // weight, subtracted by one FMA apiece (masked subtractions make the weights: no blend of the logs).
+  // acc plus the bce losses of x, y: by BceHardAvx3 when `hard` (every target is 0 or 1), else both logs, each
+  // times its weight, subtracted by one FMA apiece (masked subtractions make the weights: no blend of the logs).
   static HWY_INLINE __m512 BceSubLossesAvx3(__m512 acc, __m512 x, __m512 y, bool hard) {
     const __m512 one = _mm512_set1_ps(1.0f);
-    if (hard) return _mm512_sub_ps(acc, BceHardAvx3(x, _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ)));
+    if (hard) return _mm512_add_ps(acc, BceHardAvx3(x, _mm512_cmp_ps_mask(y, one, _CMP_EQ_OQ)));
     __m512 ls, lc;
     const __mmask16 hi = BceLogsAvx3(x, ls, lc);
     acc = _mm512_fnmadd_ps(_mm512_mask_sub_ps(y, _knot_mask16(hi), one, y), lc, acc);  // 1 - y where x <= 1/2
@@ -344,32 +344,40 @@ constexpr core::PwCheck kLossCheck<lm::GaussianNllLoss> = core::PwCheck::z_nonne
 // log1p(e), e = e^-|x| in [0, 1], with the log1p terms summed as the log of their product, so that an element
 // costs one exp and no log. q = 1 + e in [1, 2] is rounded; what the rounding dropped, delta = e - (q - 1)
 // (exact), is added to the sum in place of log1p(delta / q) (error delta (1 - 1/q) <= 2^-24 log1p(e), so tiny e
-// keep every bit). Each lane's product of kFold factors stays below 2^kFold and is folded into the sum by one
-// log. Infinite and NaN x or y give what the per-element formula gives: NaN from (1 - y) x, or -inf + inf.
+// keep every bit); so is each multiply's rounding (found by an FMA, added as its ratio to the product). Each lane's
+// product of kFold factors stays below 2^kFold and is folded into the sum by one log. Infinite and NaN x or y give
+// what the per-element formula gives: NaN from (1 - y) x, or -inf + inf.
 template <class D>
 struct SoftplusProductSum {
   using V = hn::Vec<D>;
   static constexpr int kFold = 64;
   D d;
-  V sum, prod;
+  V sum, prod, corr;
   int since = 0;
-  SoftplusProductSum(D d_, V start) : d(d_), sum(start), prod(hn::Set(d_, 1.0f)) {}
+  SoftplusProductSum(D d_, V start) : d(d_), sum(start), prod(hn::Set(d_, 1.0f)), corr(hn::Zero(d_)) {}
   HWY_INLINE void add(V x, V y) {
     const V one = hn::Set(d, 1.0f);
-    sum = hn::MulAdd(hn::Sub(one, y), x, sum);
 #if LOSSFUSE_HWY_LOG_TABLE
     const V e{avx3::ExpNonPositiveAll(_mm512_or_ps(x.raw, _mm512_set1_ps(-0.0f)))};
 #else
     const V e = ExpNonPositive(d, hn::Neg(hn::Abs(x)));
 #endif
     const V q = hn::Add(one, e);
-    sum = hn::Add(sum, hn::Sub(hn::Sub(e, hn::Sub(q, one)), hn::Min(x, hn::Zero(d))));
-    prod = hn::Mul(prod, q);
+    // the element's linear terms first, (1 - y) x + max(-x, 0) in one FMA, so that large |x| cancel within it (to 0
+    // for hard labels), and only then delta, which a large term would absorb
+    const V lin = hn::MulSub(hn::Sub(one, y), x, hn::Min(x, hn::Zero(d)));
+    sum = hn::Add(sum, hn::Add(lin, hn::Sub(e, hn::Sub(q, one))));
+    const V p = hn::Mul(prod, q);
+    // what the product's rounding dropped, relative to it (p - prod q exactly, by an FMA, over p): added to the sum
+    // in place of log1p of it, so a product of factors near 1 (tiny e: confident logits) keeps every bit
+    corr = hn::MulAdd(hn::MulAdd(prod, q, hn::Neg(p)), hn::ApproximateReciprocal(p), corr);
+    prod = p;
     if (++since == kFold) fold();
   }
   HWY_INLINE V fold() {
-    sum = hn::Add(sum, FastLogPositive(d, prod));
+    sum = hn::Add(sum, hn::Add(FastLogPositive(d, prod), corr));
     prod = hn::Set(d, 1.0f);
+    corr = hn::Zero(d);
     since = 0;
     return sum;
   }
@@ -416,7 +424,8 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       vl = hn::Add(vl, Loss::value(vo, k, xv, yv, zv));
     };
     std::int64_t j = 0;
-    if constexpr (std::is_same_v<Loss, lm::BceWithLogitsLoss<false>> && sizeof(Acc) == 4) {
+    // (only where MulAdd is a fused multiply-add: the product's rounding is found by one)
+    if constexpr (std::is_same_v<Loss, lm::BceWithLogitsLoss<false>> && sizeof(Acc) == 4 && HWY_NATIVE_FMA) {
       SoftplusProductSum<D> acc(d, vl);
       if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
         for (; j + 2 * N <= n; j += 2 * N) {
@@ -447,8 +456,8 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
         for (; j + 2 * N <= n; j += 2 * N) {
           const __m512i wx = _mm512_loadu_si512(x + j), wy = _mm512_loadu_si512(y + j);
           max_bits = _mm512_max_epu16(max_bits, wx);
-          const bool hard = (_mm512_cmpeq_epi16_mask(wy, one16) | _mm512_cmpeq_epi16_mask(wy, _mm512_setzero_si512())) ==
-                            0xffffffffu;
+          const bool hard =
+              (_mm512_cmpeq_epi16_mask(wy, one16) | _mm512_cmpeq_epi16_mask(wy, _mm512_setzero_si512())) == 0xffffffffu;
           acc = HwyOps<D>::BceSubLossesAvx3(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wx, 16)),
                                             _mm512_castsi512_ps(_mm512_slli_epi32(wy, 16)), hard);
           acc = HwyOps<D>::BceSubLossesAvx3(acc, _mm512_castsi512_ps(_mm512_and_si512(wx, hi16)),

@@ -989,3 +989,53 @@ TEST(PointwiseExtra, BceSoftLabelLogsWithinTwoUlpOverEveryBf16AndAFloatSweep) {
     EXPECT_LE(worst, 2.0) << "at x = " << x.get(worst_i) << ", y = " << y.get(worst_i);
   }
 }
+
+// The reduced forwards of bce and bce_with_logits (their own loops: bce's hard- and soft-label vectors,
+// bce_with_logits' log of a product) against a float64 sum over the stored values, within 2e-5 of the sum of the
+// elements' magnitudes: hard labels only, soft only, blocks of both, confident logits (tiny log1p terms, where a
+// product of factors near 1 must keep its multiplies' roundings), and logits of +-1e8 (whose (1 - y) x and
+// max(-x, 0) must cancel within the element). Sizes around the 16- and 32-element blocks and past a tile; the last
+// two kinds only in whole vectors, as an element of the scalar tail takes the per-element formula, which (as torch's)
+// rounds its terms at the magnitude of x.
+TEST(PointwiseExtra, BceReducedForwardsMatchFloat64Sums) {
+  namespace lf = lossfuse;
+  enum class Kind { hard, soft, mixed, confident, huge };
+  for (DType dt : {DType::f32, DType::bf16})
+  for (bool logits : {false, true})
+  for (Kind kind : {Kind::hard, Kind::soft, Kind::mixed, Kind::confident, Kind::huge})
+  for (std::int64_t n : {16, 32, 33, 1000, 1008, 16384 * 2 + 37, 16384 * 2 + 48}) {
+    const bool whole = kind == Kind::confident || kind == Kind::huge;
+    if ((!logits && whole) || (whole && n % 16 != 0)) continue;
+    SCOPED_TRACE(dname(dt) + (logits ? " bce_with_logits" : " bce") + " kind " +
+                 std::to_string(static_cast<int>(kind)) + " n " + std::to_string(n));
+    Tensor x = Tensor::make(dt, {n}), y = Tensor::make(dt, {n});
+    Rng rng(static_cast<std::uint64_t>(n) * 31 + static_cast<std::uint64_t>(kind));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool hard = kind == Kind::hard || kind == Kind::confident || kind == Kind::huge ||
+                        (kind == Kind::mixed && (i / 32) % 2 == 0);
+      const double label = (rng.next() & 1) ? 1.0 : 0.0;
+      y.set(i, hard ? label : rng.uniform());
+      double v = logits ? 3 * rng.normal() : rng.uniform();
+      if (kind == Kind::confident) v = (label == 1.0 ? 1 : -1) * (9.0 + 4.0 * rng.uniform());
+      if (kind == Kind::huge) v = i % 2 == 0 ? 5.0 : (label == 1.0 ? 1e8 : -1e8);
+      x.set(i, v);
+    }
+    double want = 0, scale = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double xv = x.get(i), yv = y.get(i);
+      const double l = logits ? (1 - yv) * xv + std::max(-xv, 0.0) + std::log1p(std::exp(-std::fabs(xv)))
+                              : -(yv * std::max(std::log(xv), -100.0) + (1 - yv) * std::max(std::log1p(-xv), -100.0));
+      want += l, scale += std::fabs(l);
+    }
+    for (Reduction r : {Reduction::sum, Reduction::mean}) {
+      Tensor out = Tensor::make(DType::f32, {});
+      if (logits) {
+        lf::bce_with_logits_forward(x.view, y.view, {r, std::nullopt, std::nullopt}, out.view);
+      } else {
+        lf::bce_forward(x.view, y.view, {r, std::nullopt}, out.view);
+      }
+      const double div = r == Reduction::mean ? static_cast<double>(n) : 1.0;
+      EXPECT_NEAR(out.get(0), want / div, 2e-5 * scale / div + 1e-30) << (r == Reduction::sum ? "sum" : "mean");
+    }
+  }
+}
