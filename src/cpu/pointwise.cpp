@@ -272,6 +272,10 @@ struct HwyOps {
   // every non-NaN a (an infinite a gives 0), so neither exp's nor log1p's edge handling is needed (and log1p of
   // [0, 1] is one polynomial): one select for NaN at the end.
   HWY_INLINE V softplus(V a) const {
+    return hn::IfThenElse(hn::IsNaN(a), a, hn::Add(hn::Max(a, hn::Zero(d)), log1p_exp_neg_abs(a)));
+  }
+  // log1p(exp(-|a|)) for a not NaN (NaN gives an unspecified value: the callers' other terms carry it)
+  HWY_INLINE V log1p_exp_neg_abs(V a) const {
     V e;
 #if LOSSFUSE_HWY_LOG_TABLE
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
@@ -281,8 +285,7 @@ struct HwyOps {
     {
       e = ExpNonPositive(d, hn::Neg(hn::Abs(a)));
     }
-    const V r = hn::Add(hn::Max(a, hn::Zero(d)), FastLog1pUnit(d, e));
-    return hn::IfThenElse(hn::IsNaN(a), a, r);
+    return FastLog1pUnit(d, e);
   }
   HWY_INLINE M lt(V a, V b) const { return hn::Lt(a, b); }
   HWY_INLINE M le(V a, V b) const { return hn::Le(a, b); }

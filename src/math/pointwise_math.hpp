@@ -59,7 +59,9 @@ struct ScalarOps {
     return -(y * (lx > V(-100) ? lx : V(-100)) + (V(1) - y) * (l1mx > V(-100) ? l1mx : V(-100)));
   }
   // log(1 + e^a) without overflow: max(a, 0) + log1p(exp(-|a|)); NaN stays NaN, +inf gives inf, -inf 0.
-  LF_HOST_DEVICE V softplus(V a) const { return (a > V(0) ? a : V(0)) + std::log1p(std::exp(-std::fabs(a))); }
+  LF_HOST_DEVICE V softplus(V a) const { return (a > V(0) ? a : V(0)) + log1p_exp_neg_abs(a); }
+  // log1p(exp(-|a|)), softplus less its linear part
+  LF_HOST_DEVICE V log1p_exp_neg_abs(V a) const { return std::log1p(std::exp(-std::fabs(a))); }
   LF_HOST_DEVICE M lt(V a, V b) const { return a < b; }
   LF_HOST_DEVICE M le(V a, V b) const { return a <= b; }
   LF_HOST_DEVICE M eq(V a, V b) const { return a == b; }

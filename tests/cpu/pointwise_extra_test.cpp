@@ -991,21 +991,19 @@ TEST(PointwiseExtra, BceSoftLabelLogsWithinTwoUlpOverEveryBf16AndAFloatSweep) {
 }
 
 // The reduced forwards of bce and bce_with_logits (their own loops: bce's hard- and soft-label vectors,
-// bce_with_logits' log of a product) against a float64 sum over the stored values, within 2e-5 of the sum of the
-// elements' magnitudes: hard labels only, soft only, blocks of both, confident logits (tiny log1p terms, where a
-// product of factors near 1 must keep its multiplies' roundings), and logits of +-1e8 (whose (1 - y) x and
-// max(-x, 0) must cancel within the element). Sizes around the 16- and 32-element blocks and past a tile; the last
-// two kinds only in whole vectors, as an element of the scalar tail takes the per-element formula, which (as torch's)
-// rounds its terms at the magnitude of x.
+// bce_with_logits' log of a product; the per-element formula in tails and on other targets) against a float64 sum
+// over the stored values: hard labels only, soft only, blocks of both, confident logits (tiny log1p terms, where a
+// product of factors near 1 must keep its multiplies' roundings) and logits of +-1e8 (whose (1 - y) x and
+// max(-x, 0) must cancel within the element). Within 1e-4 of the sum of the elements' magnitudes (float32 sums of a
+// tile, one lane on the scalar target). Sizes around the 16- and 32-element blocks and past a tile.
 TEST(PointwiseExtra, BceReducedForwardsMatchFloat64Sums) {
   namespace lf = lossfuse;
   enum class Kind { hard, soft, mixed, confident, huge };
   for (DType dt : {DType::f32, DType::bf16})
   for (bool logits : {false, true})
   for (Kind kind : {Kind::hard, Kind::soft, Kind::mixed, Kind::confident, Kind::huge})
-  for (std::int64_t n : {16, 32, 33, 1000, 1008, 16384 * 2 + 37, 16384 * 2 + 48}) {
-    const bool whole = kind == Kind::confident || kind == Kind::huge;
-    if ((!logits && whole) || (whole && n % 16 != 0)) continue;
+  for (std::int64_t n : {16, 32, 33, 1000, 16384 * 2 + 37}) {
+    if (!logits && (kind == Kind::confident || kind == Kind::huge)) continue;
     SCOPED_TRACE(dname(dt) + (logits ? " bce_with_logits" : " bce") + " kind " +
                  std::to_string(static_cast<int>(kind)) + " n " + std::to_string(n));
     Tensor x = Tensor::make(dt, {n}), y = Tensor::make(dt, {n});
@@ -1035,7 +1033,7 @@ TEST(PointwiseExtra, BceReducedForwardsMatchFloat64Sums) {
         lf::bce_forward(x.view, y.view, {r, std::nullopt}, out.view);
       }
       const double div = r == Reduction::mean ? static_cast<double>(n) : 1.0;
-      EXPECT_NEAR(out.get(0), want / div, 2e-5 * scale / div + 1e-30) << (r == Reduction::sum ? "sum" : "mean");
+      EXPECT_NEAR(out.get(0), want / div, 1e-4 * scale / div + 1e-30) << (r == Reduction::sum ? "sum" : "mean");
     }
   }
 }

@@ -67,6 +67,10 @@ struct BoundOps {
     const double dx = std::fabs((x.v - y.v) / std::fmax(x.v * (1 - x.v), 1e-300));
     return r(v, dx * x.e + std::fabs(l1 - lx) * y.e + 4 * u * (std::fabs(y.v * lx) + std::fabs((1 - y.v) * l1)));
   }
+  V log1p_exp_neg_abs(V a) const {
+    const double e = std::exp(-std::fabs(a.v)), l = std::log1p(e);
+    return r(l, a.e * e / (1 + e) + 3 * u * l);
+  }
   V softplus(V a) const {
     const double l = std::log1p(std::exp(-std::fabs(a.v)));
     const double v = (a.v > 0 ? a.v : 0) + l;
