@@ -371,7 +371,7 @@ struct SoftplusProductSum {
     const V lin = hn::MulSub(hn::Sub(one, y), x, hn::Min(x, hn::Zero(d)));
     sum = hn::Add(sum, hn::Add(lin, hn::Sub(e, hn::Sub(q, one))));
     const V p = hn::Mul(prod, q);
-    // what the product's rounding dropped, relative to it (p - prod q exactly, by an FMA, over p): added to the sum
+    // what the product's rounding dropped, relative to it (prod q - p exactly, by an FMA, over p): added to the sum
     // in place of log1p of it, so a product of factors near 1 (tiny e: confident logits) keeps every bit
     corr = hn::MulAdd(hn::MulAdd(prod, q, hn::Neg(p)), hn::ApproximateReciprocal(p), corr);
     prod = p;
