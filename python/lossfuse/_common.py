@@ -158,6 +158,14 @@ def _interpreters():
     return retrieve_all_functorch_interpreters()
 
 
+@torch._dynamo.assume_constant_result
+def _one_grad_level():
+    """True when the functorch stack is one torch.func.grad level (grad, vjp, jacrev's forward). A constant to
+    Dynamo, which calls it while tracing and guards the compiled code on the functorch stack."""
+    levels = _interpreters()
+    return len(levels) == 1 and levels[0].key() == torch._C._functorch.TransformType.Grad
+
+
 def _is_dead_wrapper(t):
     # a torch.func wrapper whose level has exited: what the backward of vmap's generated rule is given
     return isinstance(t, torch.Tensor) and torch._C._functorch.maybe_get_level(t) == -2
@@ -434,6 +442,13 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                           "backward": staticmethod(backward_for_transforms), "jvp": staticmethod(jvp_for_transforms),
                           "generate_vmap_rule": True})
 
+    def forward_traced(*args):  # the forward runs without grad: the op's autograd passes it through
+        return op(*gather(args))
+
+    reverse_only = type(f"lossfuse_{name}_rev", (torch.autograd.Function,),
+                        {"forward": staticmethod(forward_traced), "setup_context": staticmethod(setup_for_transforms),
+                         "backward": staticmethod(backward_for_transforms), "generate_vmap_rule": True})
+
     def call(*args):
         if torch.compiler.is_compiling():
             # Under a torch.func transform whose innermost level is not vmap's, Dynamo gets the Function: it traces
@@ -443,7 +458,7 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if torch._C._are_functorch_transforms_active() and not (
                     first is not None and torch._C._functorch.is_batchedtensor(first)):
-                return transformable.apply(*spread(args))
+                return (reverse_only if _one_grad_level() else transformable).apply(*spread(args))
             if forward_ad_active():  # torch.autograd.forward_ad's duals: the same, by the plain Function
                 return function.apply(*args)
             return op(*args)

@@ -378,3 +378,23 @@ def test_forward_mode_inside_torch_compile_is_right_or_refused(name):
             continue
         torch.testing.assert_close(got, want[case], msg=lambda m, c=case: f"{c}, fullgraph: {m}")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_compiled_grad_and_jacrev_trace_into_one_graph(op):
+    """torch.func.grad and jacrev of a loss inside torch.compile(fullgraph=True): one graph, and torch's gradient.
+    Under a single grad level the compiled call takes a Function without a jvp, which Dynamo traces (it refuses a
+    Function with one: every such call used to be a graph break, an error under fullgraph)."""
+    torch._dynamo.reset()
+    samples = [s for s in op.sample_inputs("cpu", torch.float64, requires_grad=True) if s.input.requires_grad]
+    sample = samples[min(1, len(samples) - 1)]
+    args = [a.detach() if torch.is_tensor(a) else a for a in sample.args]
+    kwargs = {k: v.detach() if torch.is_tensor(v) else v for k, v in sample.kwargs.items() if k != "options"}
+    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    x = sample.input.detach()
+    for transform in (torch.func.grad, torch.func.jacrev):
+        want = transform(lambda p: op(p, *args, **kwargs).sum())(x)
+        got = torch.compile(transform(lambda p: ours_fn(p, *args, **kwargs).sum()), fullgraph=True)(x)
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9, equal_nan=True,
+                                   msg=lambda m, t=transform: f"{sample}, {t.__name__}: {m}")
+    torch._dynamo.reset()
