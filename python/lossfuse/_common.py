@@ -458,7 +458,9 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if torch._C._are_functorch_transforms_active() and not (
                     first is not None and torch._C._functorch.is_batchedtensor(first)):
-                return (reverse_only if _one_grad_level() else transformable).apply(*spread(args))
+                # one grad level and no forward_ad duals: the Function without a jvp, which Dynamo traces (a jvp it refuses)
+                rev = _one_grad_level() and not forward_ad_active()
+                return (reverse_only if rev else transformable).apply(*spread(args))
             if forward_ad_active():  # torch.autograd.forward_ad's duals: the same, by the plain Function
                 return function.apply(*args)
             return op(*args)
