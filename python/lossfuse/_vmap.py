@@ -185,8 +185,10 @@ class _Classes:
         args[self.reduction] = 0
         return args, shape, reduction
 
-    def divisor(self, args, n, shape):
-        """Each sample's mean divisor (n), float64, after the op has checked the targets."""
+    def divisor(self, args, n, shape, loss=False):
+        """Each sample's mean divisor (n), float64, after the op has checked the targets. loss: the loss's and its
+        gradient's, NaN for a sample whose kept rows' target weights sum to 0 when cross-entropy has a label smoothing
+        or z-loss term (torch divides each term on its own: 0/0 + s/0; the kernels' split_mean_denominator)."""
         target, weight = args[self.target], args[self.weight]
         if target.is_floating_point():
             return torch.full((n,), math.prod(shape[:-1]), dtype=torch.float64, device=target.device)
@@ -195,7 +197,11 @@ class _Classes:
             w = valid.to(torch.float64)
         else:
             w = torch.where(valid, weight.to(torch.float64)[torch.where(valid, target.long(), 0)], 0.0)
-        return w.reshape(n, -1).sum(1)
+        total = w.reshape(n, -1).sum(1)
+        if loss and any(name in self.names and args[self.names.index(name)] != 0
+                        for name in ("label_smoothing", "z_loss_scale")):
+            total = torch.where((total == 0) & valid.reshape(n, -1).any(1), math.nan, total)
+        return total
 
     def row_scales(self, args, n, shape, per_sample):
         """Per-sample factors (n) as per-row ones, 0 on the ignored rows (whose gradient the kernels leave 0 however
@@ -224,8 +230,9 @@ class _CrossEntropy(_Classes):
         if reduction == 0:
             loss, z_loss = loss.reshape(n, *per_row), z_loss.reshape(n, *per_row)
         else:
-            divisor = self.divisor(args, n, shape) if reduction == 1 else None
-            loss, z_loss = (self._reduce(t, n, divisor) for t in (loss, z_loss))
+            divisor = self.divisor(args, n, shape, loss=True) if reduction == 1 else None
+            loss = self._reduce(loss, n, divisor)
+            z_loss = self._reduce(z_loss, n, self.divisor(args, n, shape) if reduction == 1 else None)
         if not compute_grad:
             grad = input.new_empty((n, 0))
         else:
@@ -264,7 +271,8 @@ class _ClassesBackward(_Classes):
         elif reduction == 2:
             go = _spread(go, n, (math.prod(per_row),), None).reshape(-1)
         else:
-            go = self.row_scales(args, n, shape, go.to(torch.float64) / self.divisor(args, n, shape)).to(go.dtype)
+            go = go.to(torch.float64) / self.divisor(args, n, shape, loss=True)
+            go = self.row_scales(args, n, shape, go).to(args[0].dtype)
         args[0] = go
         return self.op(*args).reshape(n, *shape), 0
 

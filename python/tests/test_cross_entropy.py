@@ -144,6 +144,19 @@ def test_all_ignored_and_empty(reduction):
                  torch.float32, "empty")
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_target_weights_summing_to_zero(eps, reduction):
+    """Rows remain but their target classes weigh 0: torch's mean divides the class term and the label smoothing
+    term by that sum separately, 0/0 + s/0, so the loss is NaN, not inf, and so are the kept rows' gradients."""
+    x = make_logits((6, 5), torch.float64)
+    t = torch.tensor([0, 1, -100, 0, 1, -100])
+    w = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    kw = dict(weight=w, label_smoothing=eps, reduction=reduction)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kw, dtype=torch.float64)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x.float(), t], kw)
+
+
 def test_layouts_non_contiguous_and_expanded():
     base = make_logits((12, 40), torch.float32)
     t = make_targets((6,), 20)

@@ -116,6 +116,24 @@ def test_unbatched_and_all_ignored():
     assert torch.equal(torch.autograd.grad(loss, xg)[0], torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("strategy", ["chunked", "recompute"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_target_weights_summing_to_zero(strategy, label_smoothing):
+    """Rows remain but their target classes weigh 0: torch's mean is NaN (0/0, plus s/0 with label smoothing), and
+    so are the gradients; ours gave zero gradients (and an infinite loss with label smoothing)."""
+    x, w, b, _ = make(8, 6, 9, torch.float64, seed=7)
+    t = torch.tensor([0, 1, -100, 0, 1, 1, -100, 0])
+    cw = torch.tensor([0.0, 0.0] + [1.0] * 7, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
+    ours = LF.linear_cross_entropy(leaves[0], leaves[1], t, linear_bias=leaves[2], weight=cw,
+                                   label_smoothing=label_smoothing, strategy=strategy)
+    ref_leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
+    ref = F.cross_entropy(F.linear(*ref_leaves), t, weight=cw, label_smoothing=label_smoothing)  # torch itself
+    assert torch.isnan(ref) and torch.isnan(ours)
+    for got, want in zip(torch.autograd.grad(ours, leaves), torch.autograd.grad(ref, ref_leaves)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 class _NoOpMode(torch.overrides.TorchFunctionMode):
     """Any active mode makes linear_cross_entropy take the registered op and its autograd."""
 

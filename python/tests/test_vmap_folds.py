@@ -162,6 +162,28 @@ def test_cross_entropy_and_nll_folds_equal_the_loop(per_sample, dtype):
                           f"nll {reduction} backward")
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_cross_entropy_fold_of_a_sample_whose_target_weights_sum_to_zero(eps):
+    """A sample's kept rows all weigh 0: torch's mean of it is NaN (0/0, plus s/0 with label smoothing, not inf),
+    and so is its gradient; the other samples keep theirs. vmap and vmap(grad) against torch on each sample."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    t = torch.tensor([[0, 1, -100, 0], [2, 3, 4, 2], [-100] * 4])
+    w = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+
+    def ours(a, b):
+        return LF.cross_entropy(a, b, weight=w, label_smoothing=eps)
+
+    def theirs(a, b):
+        return F.cross_entropy(a, b, weight=w, label_smoothing=eps)
+
+    want = torch.stack([theirs(x[i], t[i]) for i in range(3)])
+    assert torch.isnan(want[0]) and torch.isfinite(want[1])
+    torch.testing.assert_close(vmap(ours)(x, t), want, equal_nan=True)
+    want_grad = torch.stack([torch.func.grad(theirs)(x[i], t[i]) for i in range(3)])
+    torch.testing.assert_close(vmap(torch.func.grad(ours))(x, t), want_grad, equal_nan=True)
+
+
 def test_class_folds_leave_what_they_do_not_cover_to_the_loop():
     # mapped class weights, (N, C, d) samples, targets of another per-sample shape: each entry as the op gives it
     # (the last one is the op's own shape error)

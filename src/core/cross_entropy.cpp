@@ -85,9 +85,13 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   p.mode = mode;
   core::fill_layout(p, pb, logits, target, grad, grad_loss);
   double denominator = static_cast<double>(pb.rows);  // probability targets: mean over rows
+  double loss_denominator = denominator;                 // the loss's and its gradient's (split_mean_denominator)
   if (!pb.soft) {
+    std::int64_t counted = 0;
     denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
-                                          pb.classes, o.ignore_index, w);
+                                          pb.classes, o.ignore_index, w, &counted);
+    loss_denominator = core::split_mean_denominator(denominator, counted,
+                                                    o.label_smoothing != 0 || o.z_loss_scale != 0);
   }
 
   p.weight = w;
@@ -103,7 +107,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   p.ignore_index = o.ignore_index;
   p.lse_in = lse_in != nullptr ? lse_in->data : nullptr;
 
-  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, denominator);
+  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, loss_denominator);
 
   std::vector<double> block_loss, block_zloss;
   if (out != nullptr) {
@@ -123,7 +127,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   cpu::cross_entropy_rows(p);
 
   if (out != nullptr && o.reduction != Reduction::none) {
-    core::write_reduced(out->loss, block_loss, o.reduction, denominator);
+    core::write_reduced(out->loss, block_loss, o.reduction, loss_denominator);
     if (out->z_loss) core::write_reduced(*out->z_loss, block_zloss, o.reduction, denominator);
   }
 }

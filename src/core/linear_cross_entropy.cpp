@@ -725,14 +725,28 @@ class Runner {
   std::vector<std::int64_t> row_col_;
 };
 
-// The 'mean' denominator (sum of w_y over non-ignored rows) after checking every target.
+// The 'mean' denominator (sum of w_y over non-ignored rows, see split_mean_denominator) after checking every
+// target, and the number of non-ignored rows.
+struct Denominator {
+  double value;  // the loss's (split_mean_denominator)
+  double sum;    // the sum of target weights: the z-loss output's
+  std::int64_t counted;
+  // the scale of each row's gradient under 'mean' for an upstream gradient g0: with no non-ignored row every row
+  // is ignored and its gradient is 0 (0, not 0 times inf); with rows whose weights sum to 0, inf or NaN as torch
+  double mean_scale(double g0) const { return counted == 0 ? 0.0 : g0 / value; }
+};
+
 template <class Acc>
-double scan(const Problem& p, const TensorView& target, const LinearCrossEntropyOptions& o, std::vector<Acc>& wts) {
+Denominator scan(const Problem& p, const TensorView& target, const LinearCrossEntropyOptions& o,
+                 std::vector<Acc>& wts) {
   wts = core::load_weights<Acc>(o.ce.weight, p.V);
   core::RowIndex idx;
   core::set_row_view(idx, 0, target, -1);
-  return core::scan_targets<Acc>(target.data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
-                                 wts.empty() ? nullptr : wts.data());
+  Denominator d{0.0, 0.0, 0};
+  d.sum = core::scan_targets<Acc>(target.data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
+                                  wts.empty() ? nullptr : wts.data(), &d.counted);
+  d.value = core::split_mean_denominator(d.sum, d.counted, o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0);
+  return d;
 }
 
 template <class Acc>
@@ -752,16 +766,15 @@ void forward(const Problem& p, const TensorView& x, const TensorView& w, const s
              const TensorView& target, const LinearCrossEntropyOptions& o, const CrossEntropyOutputs& out,
              const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
-  const double denom = scan<Acc>(p, target, o, wts);
+  const Denominator denom = scan<Acc>(p, target, o, wts);
   std::vector<Acc> loss(static_cast<std::size_t>(p.N)), lse(loss.size()), zl(loss.size());
-  // Upstream gradient 1 on the reduced loss: each row's term carries 1 (none, sum) or 1 / denominator (mean);
-  // with no non-ignored row every row is ignored, and its gradient is 0 whatever the scale.
-  const Acc s = o.ce.reduction == Reduction::mean ? (denom != 0 ? static_cast<Acc>(1.0 / denom) : Acc(0)) : Acc(1);
+  // Upstream gradient 1 on the reduced loss: each row's term carries 1 (none, sum) or 1 / denominator (mean)
+  const Acc s = o.ce.reduction == Reduction::mean ? static_cast<Acc>(denom.mean_scale(1.0)) : Acc(1);
   std::vector<Acc> scale(loss.size(), s);
   Runner<Acc>(p, x, w, b, target, o, g, wts).run(loss.data(), lse.data(), zl.data(), scale.data(), false);
-  write_reduced(out.loss, loss, o.ce.reduction, denom);
+  write_reduced(out.loss, loss, o.ce.reduction, denom.value);
   if (out.lse) std::copy(lse.begin(), lse.end(), static_cast<Acc*>(out.lse->data));
-  if (out.z_loss) write_reduced(*out.z_loss, zl, o.ce.reduction, denom);
+  if (out.z_loss) write_reduced(*out.z_loss, zl, o.ce.reduction, denom.sum);
 }
 
 template <class Acc>
@@ -769,7 +782,7 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
               const TensorView& target, const TensorView& lse_in, const std::optional<TensorView>& grad_loss,
               const LinearCrossEntropyOptions& o, const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
-  const double denom = scan<Acc>(p, target, o, wts);
+  const Denominator denom = scan<Acc>(p, target, o, wts);
   std::vector<Acc> lse(static_cast<std::size_t>(p.N)), scale(lse.size());
   for (std::int64_t r = 0; r < p.N; ++r) lse[r] = static_cast<const Acc*>(lse_in.data)[r * lse_in.strides[0]];
   const Acc* gl = grad_loss ? static_cast<const Acc*>(grad_loss->data) : nullptr;
@@ -777,7 +790,7 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
     for (std::int64_t r = 0; r < p.N; ++r) scale[r] = gl ? gl[r * grad_loss->strides[0]] : Acc(1);
   } else {
     const double g0 = gl ? static_cast<double>(*gl) : 1.0;
-    const double s = o.ce.reduction == Reduction::mean ? (denom != 0 ? g0 / denom : 0.0) : g0;
+    const double s = o.ce.reduction == Reduction::mean ? denom.mean_scale(g0) : g0;
     std::fill(scale.begin(), scale.end(), static_cast<Acc>(s));
   }
   Runner<Acc>(p, x, w, b, target, o, g, wts).run(nullptr, lse.data(), nullptr, scale.data(), true);

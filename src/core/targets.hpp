@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "core/row_index.hpp"
@@ -39,14 +40,18 @@ inline std::string row_position(const RowIndex& idx, std::int64_t r) {
 
 // Checks every target is in [0, classes) or equals ignore_index; throws index_error naming the first bad
 // position (in row-major order) and its value. Returns sum over non-ignored rows of w[target] (1 when
-// unweighted), summed in row order in double: the 'mean' denominator.
+// unweighted), summed in row order in double: the 'mean' denominator. counted (if given): the number of
+// non-ignored rows.
 template <class Acc>
 double scan_targets(const void* target, DType dtype, const RowIndex& idx, int view, std::int64_t rows,
-                    std::int64_t classes, std::int64_t ignore_index, const Acc* weight) {
+                    std::int64_t classes, std::int64_t ignore_index, const Acc* weight,
+                    std::int64_t* counted = nullptr) {
   double total = 0;
+  std::int64_t n = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t t = read_target(target, dtype, idx.offset(view, r));
     if (t == ignore_index) continue;
+    ++n;
     if (t < 0 || t >= classes) {
       throw Error(ErrorCode::index_error, "target",
                   "a class index in [0, " + std::to_string(classes) + ") or ignore_index (" +
@@ -55,7 +60,17 @@ double scan_targets(const void* target, DType dtype, const RowIndex& idx, int vi
     }
     total += weight != nullptr ? static_cast<double>(weight[t]) : 1.0;
   }
+  if (counted != nullptr) *counted = n;
   return total;
+}
+
+// The 'mean' denominator of a cross-entropy's loss and gradient, from the sum of target weights: torch divides the
+// class term and its label smoothing term by it separately (lossfuse's z-loss term too), so where rows remain but
+// their target weights sum to 0 the loss is 0/0 + s/0, NaN, and so is every gradient of a kept row. NaN in that
+// case when such a term is present (the combined sum over 0 would give inf), the sum of weights otherwise (without
+// them, IEEE division of the one term already gives torch's result).
+inline double split_mean_denominator(double denominator, std::int64_t counted, bool other_terms) {
+  return denominator == 0 && counted > 0 && other_terms ? std::numeric_limits<double>::quiet_NaN() : denominator;
 }
 
 }  // namespace lossfuse::core

@@ -55,7 +55,8 @@ struct Case {
   double eps = 0, softcap = 0, scale = 1, zls = 0;
   std::int64_t chunk = 0;
   bool all_ignored = false;
-  std::int64_t tile = 0;  // vocab_tile
+  bool zero_target_weights = false;  // every kept target is one of classes 0..2, whose weights are 0
+  std::int64_t tile = 0;             // vocab_tile
   double filter = 0;      // grad_filter
 };
 
@@ -63,7 +64,7 @@ std::string case_name(const Case& c) {
   return nm(c.dt) + "_" + red_name(c.red) + "_N" + std::to_string(c.N) + "_H" + std::to_string(c.H) + "_V" +
          std::to_string(c.V) + (c.bias ? "_bias" : "") + (c.weight ? "_w" : "") + (c.eps ? "_ls" : "") +
          (c.softcap ? "_cap" : "") + (c.scale != 1 ? "_scale" : "") + (c.zls ? "_z" : "") + "_chunk" +
-         std::to_string(c.chunk) + (c.all_ignored ? "_allignored" : "") +
+         std::to_string(c.chunk) + (c.all_ignored ? "_allignored" : "") + (c.zero_target_weights ? "_zerow" : "") +
          (c.tile ? "_tile" + std::to_string(c.tile) : "");
 }
 
@@ -84,10 +85,11 @@ Data make_data(const Case& c, std::uint64_t seed) {
   for (std::int64_t i = 0; i < c.N * c.H; ++i) d.x.set(i, rng.uniform(-1, 1));
   for (std::int64_t i = 0; i < c.V * c.H; ++i) d.w.set(i, rng.uniform(-1, 1));
   for (std::int64_t i = 0; i < c.V; ++i) d.b.set(i, rng.uniform(-0.5, 0.5));
-  for (std::int64_t i = 0; i < c.V; ++i) d.cw.set(i, rng.uniform(0.2, 2.0));
+  for (std::int64_t i = 0; i < c.V; ++i) d.cw.set(i, c.zero_target_weights && i < 3 ? 0.0 : rng.uniform(0.2, 2.0));
+  const std::uint64_t classes = c.zero_target_weights ? 3 : static_cast<std::uint64_t>(c.V);
   for (std::int64_t i = 0; i < c.N; ++i) {
     const bool ignored = c.all_ignored || rng.uniform() < 0.2;
-    d.t.set_int(i, ignored ? -100 : static_cast<std::int64_t>(rng.next() % static_cast<std::uint64_t>(c.V)));
+    d.t.set_int(i, ignored ? -100 : static_cast<std::int64_t>(rng.next() % classes));
   }
   d.xv = d.x.values(), d.wv = d.w.values(), d.bv = d.b.values();
   for (std::int64_t i = 0; i < c.N; ++i) d.tv.push_back(d.t.get_int(i));
@@ -227,6 +229,13 @@ std::vector<Case> cases() {
         Case ign = big;
         ign.all_ignored = true, ign.N = 6, ign.chunk = 4;
         v.push_back(ign);
+        // rows remain but their target weights sum to 0: 'mean' is NaN, and so are the gradients (torch's), with
+        // and without label smoothing (which alone would make the sum over 0 infinite)
+        for (double eps : {0.0, 0.05}) {
+          Case zw = big;
+          zw.zero_target_weights = true, zw.N = 8, zw.chunk = 3, zw.eps = eps;
+          v.push_back(zw);
+        }
         // A wider vocabulary: V = 1100, whole rows or tiles of 700 and 400 (the vector row kernels' tails).
         Case wide;
         wide.dt = t, wide.red = r, wide.N = 9, wide.H = 16, wide.V = 1100, wide.chunk = 4, wide.tile = tile ? 700 : 0;

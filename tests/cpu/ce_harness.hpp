@@ -30,6 +30,7 @@ struct Spec {
   bool weight = false;
   std::int64_t ignore_index = -100;
   double ignore_frac = 0;  // fraction of rows whose target is ignore_index
+  std::int64_t zero_weights = 0;  // with weight: classes [0, zero_weights) weigh 0, and every kept target is one
   double eps = 0, scale = 1, cap = 0, zs = 0;
   Up up = Up::absent;
   double up_scalar = 0.37;
@@ -90,6 +91,9 @@ inline Problem build(const Spec& s) {
   for (auto& v : x) v = s.stdev * rng.normal();
   std::vector<std::int64_t> t(static_cast<std::size_t>(R));
   for (auto& v : t) v = rng.uniform() < s.ignore_frac ? s.ignore_index : rng.index(C);
+  if (s.zero_weights > 0)
+    for (auto& v : t)
+      if (v != s.ignore_index) v %= s.zero_weights;
   if (s.edit) s.edit(rng, R, C, x, t);
 
   p.logits = Tensor::make(s.dt, shape, s.layout, kSentinel);
@@ -121,7 +125,9 @@ inline Problem build(const Spec& s) {
   if (s.weight) {
     p.weight = Tensor::make(s.wdt.value_or(s.dt), {C});
     // bfloat16-exact values, so every weight dtype holds them exactly
-    for (std::int64_t c = 0; c < C; ++c) p.weight->set(c, lfref::round_to(rng.uniform(0.25, 2.0), lfref::kBF16));
+    for (std::int64_t c = 0; c < C; ++c) {
+      p.weight->set(c, c < s.zero_weights ? 0.0 : lfref::round_to(rng.uniform(0.25, 2.0), lfref::kBF16));
+    }
     p.in.weight = p.weight->values();
   }
   if (s.up == Up::per_row) {

@@ -445,6 +445,12 @@ std::vector<Spec> edge_specs() {
         s.seed = 15000 + ++k;
         s.name = "all_ignored_" + nm(dt) + "_" + red_name(red) + "_eps" + fmt_num(eps);
         v.push_back(s);
+        // rows remain, but every kept target's class weighs 0 (a quarter of the rows ignored): 'mean' is NaN with
+        // NaN gradients in the kept rows, with label smoothing too (torch's separate division; not inf)
+        s.ignore_frac = 0.25, s.zero_weights = 3;
+        s.seed = 15000 + ++k;
+        s.name = "zero_target_weights_" + nm(dt) + "_" + red_name(red) + "_eps" + fmt_num(eps);
+        v.push_back(s);
       }
     }
   // a tiny upstream gradient: gradients below float's least normal (1.2e-38), mixed with normal ones in the same

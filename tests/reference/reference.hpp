@@ -160,7 +160,9 @@ inline CeResult cross_entropy(const CeInput& in) {
   // Per row: z, dz/dx, lse, loss, and the coefficients of the gradient w.r.t. z:
   //   dloss/dz_c = A s_c - B_c with s = softmax(z).
   std::vector<double> z(C), dz(C), B(C);
-  std::vector<double> A(R, 0), Amag(R, 0), M(R, 0);
+  // cls, rest: each row's class term (1 - eps) nll and the rest of its loss (label smoothing, z-loss)
+  std::vector<double> A(R, 0), Amag(R, 0), M(R, 0), cls(R, 0), rest(R, 0);
+  std::vector<std::int64_t> ys(R, -1);
   std::vector<std::vector<double>> Bs(R), zrows(R), dzrows(R);
   double denom = 0, denom_abs = 0;
   for (std::int64_t i = 0; i < R; ++i) {
@@ -197,6 +199,7 @@ inline CeResult cross_entropy(const CeInput& in) {
     const bool ign = !soft && in.target[i] == in.ignore_index;
     r.ignored[i] = ign;
     const std::int64_t y = soft || ign ? -1 : in.target[i];
+    ys[i] = y;
     if (!ign) denom += soft ? 1.0 : w(y), denom_abs += soft ? 1.0 : std::fabs(w(y));
 
     // loss = Atot lse - sum_c B_c z_c + zs lse^2, written the way torch evaluates it.
@@ -214,6 +217,7 @@ inline CeResult cross_entropy(const CeInput& in) {
       }
     } else if (!ign) {
       const double nll = w(y) * (lse - z[y]);
+      cls[i] = (1.0 - eps) * nll;
       B[y] = (1.0 - eps) * w(y);
       atot = (1.0 - eps) * w(y);
       if (eps > 0) {
@@ -223,6 +227,7 @@ inline CeResult cross_entropy(const CeInput& in) {
           B[c] += eps / static_cast<double>(C) * w(c);
         }
         loss = (1.0 - eps) * nll + eps / static_cast<double>(C) * smooth;
+        rest[i] = eps / static_cast<double>(C) * smooth;
         atot += eps / static_cast<double>(C) * wsum;
       } else {
         loss = nll;
@@ -234,6 +239,8 @@ inline CeResult cross_entropy(const CeInput& in) {
     }
     const double zterm = zs * lse * lse;
     if (!ign) {
+      if (soft) rest[i] = loss;
+      rest[i] += zterm;
       loss += zterm;
       r.row_loss[i] = loss;
       r.row_z[i] = zterm;
@@ -250,16 +257,18 @@ inline CeResult cross_entropy(const CeInput& in) {
   }
   r.denom = denom;
 
-  // Reductions (torch: mean of an empty or all-ignored batch is 0/0 = nan; sum is 0).
-  double lsum = 0, zsum = 0, ltol = 0, ztol = 0, labs = 0, zabs = 0;
+  // Reductions (torch: mean of an empty or all-ignored batch is 0/0 = nan; sum is 0). torch divides the class
+  // term and the rest (its label smoothing term) by the denominator separately: where rows remain but their
+  // target weights sum to 0, the mean is 0/0 + s/0 = NaN, not the sum's s/0 = inf.
+  double lsum = 0, csum = 0, rsum = 0, zsum = 0, ltol = 0, ztol = 0, labs = 0, zabs = 0;
   for (std::int64_t i = 0; i < R; ++i) {
-    lsum += r.row_loss[i], zsum += r.row_z[i];
+    lsum += r.row_loss[i], csum += cls[i], rsum += rest[i], zsum += r.row_z[i];
     ltol += r.row_loss_tol[i], ztol += r.row_z_tol[i];
     labs += std::fabs(r.row_loss[i]), zabs += std::fabs(r.row_z[i]);
   }
   const double sc = sum_condition(R);
   if (in.reduction == Reduction::mean) {
-    r.loss = lsum / denom;
+    r.loss = csum / denom + rsum / denom;
     r.z = zsum / denom;
     r.loss_tol = (ltol + u * sc * labs) / std::fabs(denom) + u * sc * denom_abs / std::fabs(denom) * std::fabs(r.loss);
     r.z_tol = (ztol + u * sc * zabs) / std::fabs(denom) + u * sc * denom_abs / std::fabs(denom) * std::fabs(r.z);
@@ -289,7 +298,9 @@ inline CeResult cross_entropy(const CeInput& in) {
       const double zc = zrows[i][c], dzc = dzrows[i][c], Bc = Bs[i][c];
       const double s = std::exp(zc - lse);
       const double dl = A[i] * s - Bc;
-      gi[c] = f * dzc * dl;
+      // the class term's part, (1 - eps) w_y (s - [c = y]), times f on its own as torch does (inf times 0 is NaN)
+      const double dcls = ys[i] < 0 ? 0.0 : (1.0 - eps) * w(ys[i]) * (s - (c == ys[i] ? 1.0 : 0.0));
+      gi[c] = f * dzc * dcls + f * dzc * (dl - dcls);
       ti[c] = std::fabs(f) * (std::fabs(dzc) * (u * K * M[i] * Amag[i] * s + 4 * u * (Amag[i] * s + std::fabs(Bc)) +
                                                  tiny * (Amag[i] + 1.0)) +
                               8 * u * std::fabs(scale) * std::fabs(dl)) +
