@@ -233,6 +233,19 @@ class _Ops:
 ops = _Ops()
 
 
+_fwad = torch.autograd.forward_ad
+
+
+class _DualMasks(threading.local):
+    """Per thread, for each Function applied on torch.autograd.forward_ad duals: which arguments are duals."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_dual_masks = _DualMasks()
+
+
 def forward_ad_active():
     return torch.autograd.forward_ad._current_level >= 0
 
@@ -377,8 +390,11 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
         else:  # torch.autograd.forward_ad, whose levels do not nest: duals of the level running this jvp
             fwad = torch.autograd.forward_ad
             # torch hands zero tangents for the operands that are not duals; they add nothing, and torch's own forward
-            # formulas fail on some of them made dual (a weight of binary_cross_entropy_with_logits)
-            moved[:] = [i for i in moved if bool(tangents[i].ne(0).any())]
+            # formulas fail on some of them made dual (a weight of binary_cross_entropy_with_logits). Which operands
+            # were duals is noted by the caller (a test of the tangents' values would stop a trace, as
+            # torch.func.linearize's); zero tangents are dropped where it is not (inside torch.compile).
+            duals = _dual_masks.stack[-1] if _dual_masks.stack else None
+            moved[:] = [i for i in moved if (duals[i] if duals is not None else bool(tangents[i].ne(0).any()))]
             plain = [fwad.unpack_dual(p).primal if isinstance(p, torch.Tensor) else p for p in primals]
             with fwad._set_fwd_grad_enabled(True):
                 duals = [fwad.make_dual(plain[i].contiguous(), fwad.unpack_dual(tangents[i]).primal) for i in moved]
@@ -458,7 +474,8 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if torch._C._are_functorch_transforms_active() and not (
                     first is not None and torch._C._functorch.is_batchedtensor(first)):
-                # one grad level and no forward_ad duals: the Function without a jvp, which Dynamo traces (a jvp it refuses)
+                # one grad level and no forward_ad duals: the Function without a jvp, which Dynamo traces (it
+                # refuses a jvp)
                 rev = _one_grad_level() and not forward_ad_active()
                 return (reverse_only if rev else transformable).apply(*spread(args))
             if forward_ad_active():  # torch.autograd.forward_ad's duals: the same, by the plain Function
@@ -470,7 +487,12 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
             if torch._C._are_functorch_transforms_active():
                 return transformable.apply(*spread(args))
             if forward_ad_active() and _has_tangent(args):
-                return function.apply(*args)
+                _dual_masks.stack.append([isinstance(a, torch.Tensor) and _fwad.unpack_dual(a).tangent is not None
+                                          for a in args])
+                try:
+                    return function.apply(*args)
+                finally:
+                    _dual_masks.stack.pop()
             return op(*args)
         except ValueError as e:
             raise as_argument_error(e) from None

@@ -398,3 +398,34 @@ def test_compiled_grad_and_jacrev_trace_into_one_graph(op):
         torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9, equal_nan=True,
                                    msg=lambda m, t=transform: f"{sample}, {t.__name__}: {m}")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_linearize_equals_torch(op):
+    """torch.func.linearize traces the jvp (make_fx over forward_ad duals): lossfuse's Function may not test the
+    tangents' values (it did, to drop the zero tangents of non-dual operands, and the trace stopped). Where torch's own
+    linearize works, ours gives its values; where torch has no forward rule, ours gives our jvp's or refuses."""
+    fn = getattr(LF, op.name[len("nn.functional."):])
+    checked = 0
+    for sample in op.sample_inputs("cpu", torch.float64, requires_grad=True):
+        if not sample.input.requires_grad or checked == 2:
+            continue
+        checked += 1
+        args = [a.detach() if torch.is_tensor(a) else a for a in sample.args]
+        kwargs = {k: v.detach() if torch.is_tensor(v) else v for k, v in sample.kwargs.items() if k != "options"}
+        x = sample.input.detach()
+        v = torch.randn(x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(checked))
+        try:
+            want_out, want_jvp = torch.func.linearize(lambda p: op(p, *args, **kwargs), x)
+            want = want_jvp(v)
+        except (NotImplementedError, RuntimeError):  # torch has no forward rule here (or checks values)
+            try:
+                want_out, want = torch.func.jvp(lambda p: fn(p, *args, **kwargs), (x,), (v,))
+            except NotImplementedError:  # nor ours (ctc_loss)
+                with pytest.raises(NotImplementedError):
+                    torch.func.linearize(lambda p: fn(p, *args, **kwargs), x)
+                continue
+        out, jvp_fn = torch.func.linearize(lambda p: fn(p, *args, **kwargs), x)
+        torch.testing.assert_close(out, want_out, equal_nan=True, msg=lambda m: f"{sample}: value: {m}")
+        torch.testing.assert_close(jvp_fn(v), want, equal_nan=True, msg=lambda m: f"{sample}: tangent: {m}")
+    assert checked > 0
