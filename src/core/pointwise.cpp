@@ -89,10 +89,11 @@ std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) 
 }
 
 // Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
-// with its position and value. Blocks of elements are scanned in parallel, each without an early exit (so the
-// compiler can vectorize it); only a block holding a bad element is searched for the first one.
+// with its position and value. Blocks of elements are scanned in parallel, each without an early exit: a
+// contiguous block by the vectorized bit test of cpu::value_scan_passes (`kind`, the same test as ok), others
+// element by element. Only a block holding a bad element is searched for the first one.
 template <class Ok>
-void scan_values(const TensorView& t, const char* name, const char* expected, Ok ok) {
+void scan_values(const TensorView& t, const char* name, const char* expected, cpu::ValueScan kind, Ok ok) {
   const std::int64_t n = t.numel();
   constexpr std::int64_t kBlock = 4096;
   const std::int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -111,12 +112,7 @@ void scan_values(const TensorView& t, const char* name, const char* expected, Ok
         };
         bool any = false;
         if (contiguous) {
-          // A branch-free count in the element's own accumulation type, so the loop vectorizes.
-          using A = typename cpu::Io<T>::Acc;
-          int bad = 0;
-          for (std::int64_t i = i0; i < i1; ++i) bad += ok(cpu::Io<T>::load(data, i)) ? 0 : 1;
-          any = bad != 0;
-          static_assert(std::is_floating_point_v<A>);
+          any = !cpu::value_scan_passes(t.dtype, data + i0, i1 - i0, kind);
         } else {
           for (std::int64_t i = i0; i < i1 && !any; ++i) any = !ok(value(i));
         }
@@ -200,10 +196,12 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   // only after its kernel, so there the kernel checks in the same pass and the scan runs only to report a failure.
   auto scan = [&] {
     if (c.scan == Scan::input_unit_interval) {
-      scan_values(x, c.x_name, "every element in [0, 1]", [](auto v) { return (v >= 0) & (v <= 1); });
+      scan_values(x, c.x_name, "every element in [0, 1]", cpu::ValueScan::unit_interval,
+                  [](auto v) { return (v >= 0) & (v <= 1); });
     } else if (c.scan == Scan::z_nonnegative) {
       // NaN passes, as torch's any(var < 0).
-      scan_values(*c.z, c.z_name, "every element >= 0", [](auto v) { return !(v < 0); });
+      scan_values(*c.z, c.z_name, "every element >= 0", cpu::ValueScan::non_negative,
+                  [](auto v) { return !(v < 0); });
     }
   };
   const bool check_in_kernel = grads == nullptr && c.reduction != Reduction::none && c.scan != Scan::none;

@@ -6,6 +6,7 @@
 #include "core/cross_entropy_params.hpp"
 #include "core/ctc_params.hpp"
 #include "core/pointwise_params.hpp"
+#include "lossfuse/dtype.hpp"
 
 namespace lossfuse::cpu {
 
@@ -14,6 +15,11 @@ void cross_entropy_rows(const core::CeParams& p);
 
 // NLL: the forward fills p.loss_rows or p.block_loss; the backward writes p.grad (the whole input shape).
 void nll_rows(const core::CeParams& p);
+
+// Whole-array value checks of the elementwise losses' operands (src/cpu/value_scan.cpp): true when each of the n
+// contiguous elements of a float dtype lies in [0, 1] (unit_interval), or is not negative (NaN passes).
+enum class ValueScan { unit_interval, non_negative };
+bool value_scan_passes(DType dtype, const void* data, std::int64_t n, ValueScan scan);
 
 // Elementwise losses: forward fills p.loss_rows or the per-tile sums (p.tile_loss, p.tile_weight); backward
 // writes the gradients present in p.ptr.
