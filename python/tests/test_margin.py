@@ -220,8 +220,10 @@ def test_cosine_random(data, N, D, batched, dtype, reduction, margin, target_dty
     shape = (N, D) if batched else (D,)
     x1, x2 = randn(_broadcast_shape(data, shape), dtype), randn(_broadcast_shape(data, shape), dtype)
     y = cosine_targets(_broadcast_shape(data, shape[:-1]) if batched else ()).to(target_dtype or dtype)
+    # a broadcast operand's gradient sums terms that cancel (x2 of shape (N, 1) near 0): bounded by their size, as
+    # in test_cosine (torch's float32 result carries the same error there)
     check_against_torch("cosine_embedding_loss", [x1, x2, y], dict(margin=margin, reduction=reduction), (0, 1),
-                        dtype)
+                        dtype, lambda args64, i, g: cosine_grad_terms(args64, i, g, reduction))
 
 
 @settings(max_examples=40, deadline=None)
