@@ -123,7 +123,9 @@ def graph_needed(grad_output, tensors, wanted):
         return False
     involved = [grad_output] + [t for t, w in zip(tensors, wanted) if w and t is not None]
     if not torch._C._are_functorch_transforms_active():
-        return any(t.requires_grad for t in involved)
+        # wrappers of an exited level (torch.func.vjp's function, called after the transform): plain autograd tracks
+        # what they wrap
+        return any(_unwrap_dead(t).requires_grad for t in involved)
     # under torch.func, requires_grad says little: vmap's batched tensors report False even where an outer transform
     # or plain autograd beneath tracks them, and wrappers of an exited level report True
     if any(_is_dead_wrapper(t) for t in involved):
@@ -160,10 +162,23 @@ def _interpreters():
 
 @torch._dynamo.assume_constant_result
 def _one_grad_level():
-    """True when the functorch stack is one torch.func.grad level (grad, vjp, jacrev's forward). A constant to
-    Dynamo, which calls it while tracing and guards the compiled code on the functorch stack."""
+    """The level when the functorch stack is one torch.func.grad level (grad, vjp, jacrev's forward), else -1. A
+    constant to Dynamo, which calls it while tracing and guards the compiled code on the functorch stack."""
     levels = _interpreters()
-    return len(levels) == 1 and levels[0].key() == torch._C._functorch.TransformType.Grad
+    one = len(levels) == 1 and levels[0].key() == torch._C._functorch.TransformType.Grad
+    return levels[0].level() if one else -1
+
+
+def _outer_grad(args, level):
+    """Under one grad level inside torch.compile: whether an operand, unwrapped from that level, requires grad
+    itself (an autograd graph around the transform: the gradient may be differentiated again, which the Function
+    without a jvp does not trace). Traceable: Dynamo knows the unwrapped example's requires_grad."""
+    return any(torch._C._functorch._unwrap_for_grad(a, level).requires_grad
+               for a in args if isinstance(a, torch.Tensor))
+
+
+def _unwrap_dead(t):
+    return torch._C._functorch.unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t
 
 
 def _is_dead_wrapper(t):
@@ -195,8 +210,23 @@ def differentiable_grads(loss_fn, tensors, wanted, grad_output):
         _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
         computed = vjp(grad_output)
     else:
-        computed = torch.autograd.grad(loss_fn(*tensors), [tensors[i] for i in idx], grad_output, create_graph=True,
-                                       allow_unused=True)
+        # (outside torch.func, dead wrappers are differentiated through what they wrap, as graph_needed judged)
+        live = [_unwrap_dead(t) for t in tensors]
+        if torch.compiler.is_compiling():  # Dynamo traces torch.func.vjp; torch.autograd.grad it would detach
+            def of_wanted(*diff):
+                full = list(live)
+                for i, t in zip(idx, diff):
+                    full[i] = t
+                return loss_fn(*full)
+
+            _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
+            computed = vjp(_unwrap_dead(grad_output))
+        else:
+            leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
+            for i, leaf in zip(idx, leaves):
+                live[i] = leaf
+            computed = torch.autograd.grad(loss_fn(*live), leaves, _unwrap_dead(grad_output), create_graph=True,
+                                           allow_unused=True)
     for i, g in zip(idx, computed):
         out[i] = g
     return out
@@ -328,6 +358,22 @@ def _primals(ctx):
         return ctx.primals
     tensors = iter(ctx.saved_tensors[ctx.n_saved:])
     return [next(tensors) if isinstance(p, torch.Tensor) else p for p in ctx.primals]
+
+
+def class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, split):
+    """'mean' of a composed cross-entropy over class-index targets t (class dim 1, or 0 unbatched) from its per-row
+    losses and logits z: over the target weights of the kept rows. split (label smoothing or a z-loss present):
+    torch's division is by term, the (1 - eps) class term over the sum plus the rest over it, which is NaN (0/0)
+    where the sum is 0, not the total's inf (the kernels' split_mean_denominator)."""
+    valid = t != ignore_index
+    wy = weight[torch.where(valid, t, 0)] if weight is not None else torch.ones_like(loss)
+    denom = torch.where(valid, wy, torch.zeros_like(wy)).sum()
+    total = loss.sum()
+    if not split:
+        return total / denom
+    cls = (1 - label_smoothing) * torch.nn.functional.nll_loss(
+        torch.log_softmax(z, 1 if z.dim() >= 2 else 0), t, weight, ignore_index=ignore_index, reduction="sum")
+    return cls / denom + (total - cls) / denom
 
 
 def in_acc_dtype(tensors):
@@ -476,7 +522,8 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                     first is not None and torch._C._functorch.is_batchedtensor(first)):
                 # one grad level and no forward_ad duals: the Function without a jvp, which Dynamo traces (it
                 # refuses a jvp)
-                rev = _one_grad_level() and not forward_ad_active()
+                level = _one_grad_level()
+                rev = level >= 0 and not forward_ad_active() and not _outer_grad(args, level)
                 return (reverse_only if rev else transformable).apply(*spread(args))
             if forward_ad_active():  # torch.autograd.forward_ad's duals: the same, by the plain Function
                 return function.apply(*args)

@@ -3,9 +3,9 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, as_argument_error, check_optional_tensors, check_tensors, differentiable_grads,
-                      forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager,
-                      reduction_code, register_autograd, to_input_dtype)
+from ._common import (acc_dtype, as_argument_error, class_target_mean, check_optional_tensors, check_tensors,
+                      differentiable_grads, forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss,
+                      ops, _plain_eager, reduction_code, register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -114,9 +114,7 @@ def _ce_differentiable(input, target, weight, args):
         return loss
     if reduction == 2 or soft:
         return loss.sum() if reduction == 2 else loss.mean()
-    valid = t != ignore_index
-    wy = weight[torch.where(valid, t, 0)] if weight is not None else torch.ones_like(loss)
-    return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
+    return class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, bool(label_smoothing or z_loss_scale))
 
 
 def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):

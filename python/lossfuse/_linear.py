@@ -5,8 +5,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, differentiable_grads, graph_needed, in_acc_dtype, is_eager, new_grad,
-                      ops, reduction_code, register_autograd)
+from ._common import (acc_dtype, ArgumentError, class_target_mean, differentiable_grads, graph_needed, in_acc_dtype,
+                      is_eager, new_grad, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -125,8 +125,7 @@ def _reference_loss(logits, target, weight, args):
         return loss
     if reduction == 2:
         return loss.sum()
-    wy = weight[torch.where(valid, t, 0)] if weight is not None else torch.ones_like(loss)
-    return loss.sum() / torch.where(valid, wy, torch.zeros_like(wy)).sum()
+    return class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, bool(label_smoothing or z_loss_scale))
 
 
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",

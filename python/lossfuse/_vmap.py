@@ -200,7 +200,10 @@ class _Classes:
         total = w.reshape(n, -1).sum(1)
         if loss and any(name in self.names and args[self.names.index(name)] != 0
                         for name in ("label_smoothing", "z_loss_scale")):
-            total = torch.where((total == 0) & valid.reshape(n, -1).any(1), math.nan, total)
+            split = (total == 0) & valid.reshape(n, -1).any(1)
+            if weight is not None:
+                split = split & (weight >= 0).all()  # negative weights that cancel: the sum over 0, as the kernels
+            total = torch.where(split, math.nan, total)
         return total
 
     def row_scales(self, args, n, shape, per_sample):

@@ -155,6 +155,11 @@ def test_target_weights_summing_to_zero(eps, reduction):
     kw = dict(weight=w, label_smoothing=eps, reduction=reduction)
     check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kw, dtype=torch.float64)
     check_against_torch(LF.cross_entropy, F.cross_entropy, [x.float(), t], kw)
+    # forward mode differentiates the loss's composition, which divides by term too
+    v = torch.ones_like(x)
+    ours = torch.func.jvp(lambda a: LF.cross_entropy(a, t, **kw), (x,), (v,))
+    theirs = torch.func.jvp(lambda a: F.cross_entropy(a, t, **kw), (x,), (v,))
+    torch.testing.assert_close(ours, theirs, equal_nan=True)
 
 
 def test_layouts_non_contiguous_and_expanded():

@@ -429,3 +429,41 @@ def test_linearize_equals_torch(op):
         torch.testing.assert_close(out, want_out, equal_nan=True, msg=lambda m: f"{sample}: value: {m}")
         torch.testing.assert_close(jvp_fn(v), want, equal_nan=True, msg=lambda m: f"{sample}: tangent: {m}")
     assert checked > 0
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "mse_loss", "linear_cross_entropy"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_transforms_under_outer_autograd_keep_the_second_derivative(name, compiled):
+    """The gradient a torch.func transform returns is differentiated again by plain autograd (MAML's inner step,
+    a gradient penalty): grad, jacrev and the function vjp returns, eager and inside torch.compile, give torch's
+    second derivative. (Compiled, one grad level took the Function that Dynamo traces, whose backward lost the outer
+    graph; eager, vjp's function differentiated the wrappers of its exited level, disconnected from the input.)"""
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(4, 6, dtype=torch.float64, generator=g)
+    w = torch.randn(6, 6, dtype=torch.float64, generator=g)
+    y = torch.randn(4, 6, dtype=torch.float64, generator=g)
+    t = torch.randint(0, 6, (4,), generator=g)
+
+    def loss(F):
+        if name == "cross_entropy":
+            return lambda p: F.cross_entropy(p @ w, t)
+        if name == "mse_loss":
+            return lambda p: F.mse_loss(p @ w, y)
+        if F is LF:
+            return lambda p: LF.linear_cross_entropy(p, w, t)
+        return lambda p: torch.nn.functional.cross_entropy(p @ w.T, t)
+
+    transforms = {"grad": torch.func.grad, "jacrev": torch.func.jacrev,
+                  "vjp": lambda f: (lambda p: torch.func.vjp(f, p)[1](torch.ones((), dtype=p.dtype))[0])}
+    for tname, transform in transforms.items():
+        results = []
+        for F, compile_it in ((torch.nn.functional, False), (LF, compiled)):
+            torch._dynamo.reset()
+            step = transform(loss(F))
+            if compile_it:
+                step = torch.compile(step)
+            x = x0.clone().requires_grad_()
+            outer = (x - 0.5 * step(x)).pow(2).sum()
+            results.append(torch.autograd.grad(outer, x)[0])
+        torch.testing.assert_close(results[1], results[0], msg=lambda m, n=tname: f"{n}: {m}")
+    torch._dynamo.reset()

@@ -90,8 +90,8 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     std::int64_t counted = 0;
     denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
                                           pb.classes, o.ignore_index, w, &counted);
-    loss_denominator = core::split_mean_denominator(denominator, counted,
-                                                    o.label_smoothing != 0 || o.z_loss_scale != 0);
+    loss_denominator = core::split_mean_denominator(denominator, counted, o.label_smoothing != 0 || o.z_loss_scale != 0,
+                                                    core::nonnegative_weights(w, pb.classes));
   }
 
   p.weight = w;

@@ -745,7 +745,8 @@ Denominator scan(const Problem& p, const TensorView& target, const LinearCrossEn
   Denominator d{0.0, 0.0, 0};
   d.sum = core::scan_targets<Acc>(target.data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
                                   wts.empty() ? nullptr : wts.data(), &d.counted);
-  d.value = core::split_mean_denominator(d.sum, d.counted, o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0);
+  d.value = core::split_mean_denominator(d.sum, d.counted, o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0,
+                                         core::nonnegative_weights(wts.empty() ? nullptr : wts.data(), p.V));
   return d;
 }
 

@@ -66,11 +66,24 @@ double scan_targets(const void* target, DType dtype, const RowIndex& idx, int vi
 
 // The 'mean' denominator of a cross-entropy's loss and gradient, from the sum of target weights: torch divides the
 // class term and its label smoothing term by it separately (lossfuse's z-loss term too), so where rows remain but
-// their target weights sum to 0 the loss is 0/0 + s/0, NaN, and so is every gradient of a kept row. NaN in that
-// case when such a term is present (the combined sum over 0 would give inf), the sum of weights otherwise (without
-// them, IEEE division of the one term already gives torch's result).
-inline double split_mean_denominator(double denominator, std::int64_t counted, bool other_terms) {
-  return denominator == 0 && counted > 0 && other_terms ? std::numeric_limits<double>::quiet_NaN() : denominator;
+// their target weights sum to 0 (all 0, the weights being non-negative) the loss is 0/0 + s/0, NaN, and so is every
+// gradient of a kept row. NaN in that case when such a term is present (the combined sum over 0 would give inf), the
+// sum of weights otherwise: without them IEEE division of the one term already gives torch's result, and negative
+// weights that cancel give a/0 + s/0, which the sum over 0 gives unless a and s differ in sign.
+inline double split_mean_denominator(double denominator, std::int64_t counted, bool other_terms,
+                                     bool nonnegative_weights) {
+  return denominator == 0 && counted > 0 && other_terms && nonnegative_weights
+             ? std::numeric_limits<double>::quiet_NaN()
+             : denominator;
+}
+
+// Whether every one of the n class weights (none: nullptr) is >= 0.
+template <class Acc>
+bool nonnegative_weights(const Acc* w, std::int64_t n) {
+  for (std::int64_t c = 0; w != nullptr && c < n; ++c) {
+    if (!(w[c] >= 0)) return false;
+  }
+  return true;
 }
 
 }  // namespace lossfuse::core
