@@ -196,11 +196,13 @@ def differentiable_grads(loss_fn, tensors, wanted, grad_output):
     out = [None] * len(wanted)
     if not idx:
         return out
-    if torch._C._are_functorch_transforms_active() and (
-            any(_is_dead_wrapper(t) for t in tensors) or not all(tensors[i].requires_grad for i in idx)):
-        # batched tensors of vmap's generated backward, or dead wrappers: differentiated at a new level
-        live = [torch._C._functorch.unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-
+    # dead wrappers are differentiated through what they wrap (outside torch.func too, as graph_needed judged)
+    live = [_unwrap_dead(t) for t in tensors]
+    in_func = torch._C._are_functorch_transforms_active()
+    if (in_func and (any(_is_dead_wrapper(t) for t in tensors) or not all(tensors[i].requires_grad for i in idx))) \
+            or (not in_func and torch.compiler.is_compiling()):
+        # batched tensors of vmap's generated backward, or dead wrappers: differentiated at a new level; and inside
+        # torch.compile, where Dynamo traces torch.func.vjp (torch.autograd.grad it would detach)
         def of_wanted(*diff):
             full = list(live)
             for i, t in zip(idx, diff):
@@ -208,25 +210,13 @@ def differentiable_grads(loss_fn, tensors, wanted, grad_output):
             return loss_fn(*full)
 
         _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
-        computed = vjp(grad_output)
+        computed = vjp(_unwrap_dead(grad_output))
     else:
-        # (outside torch.func, dead wrappers are differentiated through what they wrap, as graph_needed judged)
-        live = [_unwrap_dead(t) for t in tensors]
-        if torch.compiler.is_compiling():  # Dynamo traces torch.func.vjp; torch.autograd.grad it would detach
-            def of_wanted(*diff):
-                full = list(live)
-                for i, t in zip(idx, diff):
-                    full[i] = t
-                return loss_fn(*full)
-
-            _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
-            computed = vjp(_unwrap_dead(grad_output))
-        else:
-            leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
-            for i, leaf in zip(idx, leaves):
-                live[i] = leaf
-            computed = torch.autograd.grad(loss_fn(*live), leaves, _unwrap_dead(grad_output), create_graph=True,
-                                           allow_unused=True)
+        leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
+        for i, leaf in zip(idx, leaves):
+            live[i] = leaf
+        computed = torch.autograd.grad(loss_fn(*live), leaves, _unwrap_dead(grad_output), create_graph=True,
+                                       allow_unused=True)
     for i, g in zip(idx, computed):
         out[i] = g
     return out
