@@ -1,11 +1,11 @@
 """vmap rules for the lossfuse ops: torch.func.vmap over a loss, and per-sample gradients, vmap(grad(loss)).
 
 Two kinds of rule.
-- Fold (the elementwise losses, cross_entropy, nll_loss and their backward ops): the mapped dim becomes more
-  elements or more rows of one kernel call with reduction 'none', and each sample's reduction (sum, mean, the
-  weighted mean of class targets, kl_div's batchmean) is taken from that call's per-element or per-row losses. A
-  backward op gets each sample's upstream gradient spread over the sample's elements or rows, scaled as the
-  sample's reduction would scale it. A loss element or row depends on nothing outside itself, so each sample gets
+- Fold (the elementwise losses, cross_entropy, nll_loss, the margin losses and their backward ops): the mapped dim
+  becomes more elements or more rows of one kernel call with reduction 'none', and each sample's reduction (sum,
+  mean, the weighted mean of class targets, kl_div's batchmean) is taken from that call's per-element or per-row
+  losses. A backward op gets each sample's upstream gradient spread over the sample's elements or rows, scaled as
+  the sample's reduction would scale it. A loss element or row depends on nothing outside itself, so each sample gets
   what the op gives it alone, but for the order of the additions in its sum.
 - Loop (every other op, and what a fold does not cover: operands of different per-sample shapes, class weights that
   are mapped themselves, inputs of more than two dims per sample, an empty mapped dim): the op once per entry on
@@ -297,6 +297,89 @@ class _Nll(_Classes):
         return (total if reduction == 2 else (total / self.divisor(args, n, shape)).to(loss.dtype)), 0
 
 
+# ---- fold: the row losses (margin losses) -------------------------------------------------------------------------
+# multi_margin, multilabel_margin, multilabel_soft_margin, triplet_margin and cosine_embedding: each sample is (N, F)
+# or (F) (one row) for the first operand, and every other tensor operand is of that shape or per row ((N) or ()); a
+# class weight, unmapped, is shared. The rows of every sample become the rows of one call with reduction 'none';
+# torch's 'mean' of these losses is over the rows.
+
+_ROWS = ("multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss", "triplet_margin_loss",
+         "cosine_embedding_loss")
+
+
+class _Rows:
+    def __init__(self, op, first):
+        names = [a.name for a in op._schema.arguments]
+        self.op, self.first = op, first
+        self.reduction = names.index("reduction")
+        self.weight = names.index("weight") if "weight" in names else None
+
+    def prepare(self, info, in_dims, args):
+        """(args with the samples' rows as the rows of one call, the per-sample shape of the first operand, its rows
+        per sample, the reduction), or None where the fold does not apply."""
+        n = info.batch_size
+        if n == 0 or args[self.reduction] not in (0, 1, 2):
+            return None
+        first = args[self.first]
+        shape = _entry_shape(first, in_dims[self.first])
+        if len(shape) not in (1, 2):
+            return None
+        rows = shape[0] if len(shape) == 2 else 1
+        args = list(args)
+        for i in range(self.first, len(args)):
+            a = args[i]
+            if not isinstance(a, torch.Tensor):
+                continue
+            if i == self.weight:
+                if in_dims[i] is not None or a.dim() > 1:
+                    return None  # a weight per sample or per row: the loop
+                continue
+            entry = _entry_shape(a, in_dims[i])
+            if entry == shape:
+                args[i] = _batched(a, in_dims[i], n).reshape(n * rows, shape[-1])
+            elif entry == shape[:-1]:
+                args[i] = _batched(a, in_dims[i], n).reshape(n * rows)
+            else:
+                return None  # broadcast or mismatched operands: the op's own rules, per entry
+        if self.first and _entry_shape(args[0], in_dims[0]) != (shape[:-1] if args[self.reduction] == 0 else ()):
+            return None  # an upstream gradient of another shape: the op's own error, per entry
+        reduction = args[self.reduction]
+        args[self.reduction] = 0
+        return args, shape, rows, reduction
+
+    def forward(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, rows, reduction = prepared
+        n = info.batch_size
+        loss = self.op(*args)  # (n * rows), float32 (float64 for float64 operands)
+        if reduction == 0:
+            return loss.reshape(n, *shape[:-1]), 0
+        total = loss.reshape(n, rows).sum(1)
+        return (total if reduction == 2 else total / rows), 0  # an empty sample's mean: 0 / 0, NaN as torch
+
+    def backward(self, info, in_dims, *args):
+        prepared = self.prepare(info, in_dims, args)
+        if prepared is None:
+            return _by_entries(self.op, info, in_dims, args)
+        args, shape, rows, reduction = prepared
+        n = info.batch_size
+        go = _batched(args[0], in_dims[0], n)
+        if reduction == 0:
+            go = go.reshape(n * rows)
+        else:
+            go = _spread(go, n, (rows,), rows if reduction == 1 else None).reshape(n * rows).to(args[0].dtype)
+        args[0] = go
+        result = self.op(*args)
+        several = isinstance(result, (tuple, list))
+        # each gradient of a folded operand back to (n, its per-sample shape); one left out by output_mask is (0)
+        full = n * math.prod(shape)
+        grads = [g if g.dim() == 1 and g.numel() == 0 and full else g.reshape(n, *shape)
+                 for g in (result if several else [result])]
+        return _outputs(tuple(grads) if several else grads[0], n)
+
+
 def register_vmap_rules():
     """vmap rules for every public lossfuse op that returns tensors (not the in-place rescale_grad_, whose callers
     are eager-only, nor the internal ops named with a leading underscore)."""
@@ -304,6 +387,9 @@ def register_vmap_rules():
     folds = {"cross_entropy": _CrossEntropy(), "nll_loss": _Nll(),
              "cross_entropy_backward": _ClassesBackward(lib.cross_entropy_backward.default),
              "nll_loss_backward": _ClassesBackward(lib.nll_loss_backward.default)}
+    for name in _ROWS:
+        folds[name] = _Rows(getattr(lib, name).default, 0).forward
+        folds[name + "_backward"] = _Rows(getattr(lib, name + "_backward").default, 1).backward
     for name, weight_mean in _ELEMENTWISE.items():
         folds[name] = _Elementwise(getattr(lib, name).default, weight_mean, 0).forward
         folds[name + "_backward"] = _Elementwise(getattr(lib, name + "_backward").default, weight_mean, 1).backward

@@ -184,6 +184,73 @@ def test_cross_entropy_fold_of_a_sample_whose_target_weights_sum_to_zero(eps):
     torch.testing.assert_close(vmap(torch.func.grad(ours))(x, t), want_grad, equal_nan=True)
 
 
+def _row_cases(dtype, g, per_sample):
+    """name: (tensor operands batched (B, *per_sample, F) or per row (B, *per_sample), scalar arguments before the
+    reduction, a shared class weight or None)."""
+    f = 6
+    r = lambda: torch.randn(B, *per_sample, f, generator=g, dtype=dtype)  # noqa: E731
+    classes = torch.randint(0, f, (B, *per_sample), generator=g)
+    labels = torch.randint(-1, f, (B, *per_sample, f), generator=g)  # -1 ends each row's label list
+    signs = (torch.randint(0, 2, (B, *per_sample), generator=g) * 2 - 1).to(dtype)
+    w = torch.rand(f, generator=g, dtype=dtype) + 0.5
+    return {
+        "multi_margin_loss": ([r(), classes], [w, 2, 0.7]),
+        "multilabel_margin_loss": ([r(), labels], []),
+        "multilabel_soft_margin_loss": ([r(), torch.rand(B, *per_sample, f, generator=g, dtype=dtype)], [w]),
+        "triplet_margin_loss": ([r(), r(), r()], [1.0, 2.0, 1e-6, True]),
+        "cosine_embedding_loss": ([r(), r(), signs], [0.2]),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_sample", [(), (5,)], ids=["F", "NxF"])
+def test_row_folds_equal_the_loop(per_sample, dtype):
+    """The margin losses fold each sample's rows into one call: forward and backward ops, every reduction, every
+    output mask, against the op on each entry in turn."""
+    g = torch.Generator().manual_seed(21)
+    for name, (tensors, scalars) in _row_cases(dtype, g, per_sample).items():
+        op, bop = getattr(lib, name).default, getattr(lib, name + "_backward").default
+        masks = {"triplet_margin_loss": [[True, True, True], [False, True, False]],
+                 "cosine_embedding_loss": [[True, True], [True, False]],
+                 "multilabel_soft_margin_loss": [[True, True], [False, True]]}.get(name, [None])
+        nd = len(tensors)
+        # multi_margin and multilabel_soft_margin take their weight after the tensors; the rest take scalars only
+        weighted = name in ("multi_margin_loss", "multilabel_soft_margin_loss")
+        for weight in ([scalars[0], None] if weighted else [None]):
+            extra = ([weight] if weighted else []) + (scalars[1:] if weighted else scalars)
+            for reduction in (0, 1, 2):
+                args = [*tensors, *extra, reduction]
+                dims = [0] * nd + [None] * (len(args) - nd)
+                msg = f"{name} reduction {reduction} weight {weight is not None}"
+                _check_op(op, args, dims, dtype, msg)
+                loss = vmap(lambda *a: op(*a), in_dims=tuple(dims))(*args)
+                go = torch.rand(loss.shape, generator=g, dtype=loss.dtype)
+                for mask in masks:
+                    bargs = [go, *args] + ([mask] if mask is not None else [])
+                    _check_op(bop, bargs, [0] + dims + ([None] if mask is not None else []), dtype,
+                              f"{msg} backward {mask}")
+                    if reduction:
+                        _check_op(bop, [go[0], *bargs[1:]], [None] + dims + ([None] if mask is not None else []),
+                                  dtype, f"{msg} backward, shared upstream")
+
+
+def test_row_folds_leave_what_they_do_not_cover_to_the_loop():
+    # a mapped class weight and three-dim samples go to the loop; an unmapped operand folds (expanded)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(B, 4, 6, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 6, (B, 4), generator=g)
+    w = torch.rand(B, 6, generator=g, dtype=torch.float64) + 0.5
+    _check_op(lib.multi_margin_loss.default, [x, t, w, 1, 1.0, 1], [0, 0, 0, None, None, None], torch.float64,
+              "mapped weight")
+    x2 = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    s = (torch.randint(0, 2, (B, 4), generator=g) * 2 - 1).double()
+    _check_op(lib.cosine_embedding_loss.default, [x, x2, s, 0.1, 0], [0, None, 0, None, None], torch.float64,
+              "unmapped operand")
+    x3 = torch.randn(B, 2, 4, 6, generator=g, dtype=torch.float64)
+    _check_op(lib.triplet_margin_loss.default, [x3, x3 + 1, x3 - 1, 1.0, 2.0, 1e-6, False, 2], [0, 0, 0] + [None] * 5,
+              torch.float64, "three-dim samples")
+
+
 def test_class_folds_leave_what_they_do_not_cover_to_the_loop():
     # mapped class weights, (N, C, d) samples, targets of another per-sample shape: each entry as the op gives it
     # (the last one is the op's own shape error)
