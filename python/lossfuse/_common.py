@@ -212,14 +212,22 @@ def differentiable_grads(loss_fn, tensors, wanted, grad_output):
         _, vjp = torch.func.vjp(of_wanted, *[live[i] for i in idx])
         computed = vjp(_unwrap_dead(grad_output))
     else:
-        leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
-        for i, leaf in zip(idx, leaves):
-            live[i] = leaf
-        computed = torch.autograd.grad(loss_fn(*live), leaves, _unwrap_dead(grad_output), create_graph=True,
-                                       allow_unused=True)
+        computed = _autograd_grads(loss_fn, live, idx, _unwrap_dead(grad_output))
     for i, g in zip(idx, computed):
         out[i] = g
     return out
+
+
+@torch.compiler.disable
+def _autograd_grads(loss_fn, live, idx, grad_output):
+    """torch.autograd.grad of loss_fn(*live) for live[i], i in idx, as a graph (create_graph=True). Never compiled:
+    Dynamo cannot trace torch.autograd.grad, and where it compiles frame by frame (the eager rest of a frame it gave
+    up on, as a torch.func transform after a graph break) it would compile loss_fn alone, whose compiled backward
+    has no derivative: the gradient would come back disconnected from the operands."""
+    leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
+    for i, leaf in zip(idx, leaves):
+        live[i] = leaf
+    return torch.autograd.grad(loss_fn(*live), leaves, grad_output, create_graph=True, allow_unused=True)
 
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
@@ -489,10 +497,16 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
     def jvp_for_transforms(ctx, *tangents):
         return jvp(ctx, *gather(tangents, as_none=True))
 
+    # Dynamo refuses this Function (its jvp): it runs eagerly, after a graph break, and where Dynamo gave up on the
+    # whole frame (a torch.func transform) it would still compile the Function's methods frame by frame, on functorch
+    # wrappers -- those of an exited level (torch.func.vjp's function) have no storage, and their compiled backward no
+    # derivative. The methods are never compiled.
+    eager = torch.compiler.disable
     transformable = type(f"lossfuse_{name}_func", (torch.autograd.Function,),
-                         {"forward": staticmethod(forward_alone), "setup_context": staticmethod(setup_for_transforms),
-                          "backward": staticmethod(backward_for_transforms), "jvp": staticmethod(jvp_for_transforms),
-                          "generate_vmap_rule": True})
+                         {"forward": staticmethod(eager(forward_alone)),
+                          "setup_context": staticmethod(eager(setup_for_transforms)),
+                          "backward": staticmethod(eager(backward_for_transforms)),
+                          "jvp": staticmethod(eager(jvp_for_transforms)), "generate_vmap_rule": True})
 
     def forward_traced(*args):  # the forward runs without grad: the op's autograd passes it through
         return op(*gather(args))
