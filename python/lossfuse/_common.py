@@ -1,6 +1,7 @@
 """Helpers shared by every loss's Python side: reductions, accumulation dtypes, output casts."""
 
 import contextlib
+import math
 import threading
 
 import torch
@@ -20,6 +21,17 @@ def reduction_code(reduction, size_average=None, reduce=None, legacy_names=True)
         return _REDUCTIONS[reduction]
     except (KeyError, TypeError):
         raise ValueError(f"{reduction} is not a valid value for reduction") from None
+
+
+def finite(v):
+    """math.isfinite(v) by comparisons, which Dynamo traces on a symbolic float (a scalar argument under
+    torch.compile(dynamic=True)); math.isfinite it cannot."""
+    return v == v and -math.inf < v < math.inf
+
+
+def infinite(v):
+    """math.isinf(v) by comparisons (see finite)."""
+    return v == math.inf or v == -math.inf
 
 
 def check_tensors(name, *named):

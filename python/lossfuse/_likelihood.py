@@ -14,8 +14,8 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
-                      new_loss, ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
+                      new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -296,7 +296,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     check_tensors("poisson_nll_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce, legacy_names=False)
     log_input, full, eps = bool(log_input), bool(full), float(eps)
-    if not (input.dtype.is_floating_point and target.dtype.is_floating_point) or not math.isfinite(eps):
+    if not (input.dtype.is_floating_point and target.dtype.is_floating_point) or not finite(eps):
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation.
         return _poisson_formula(input, target, log_input, full, eps, red)
     dtype = _promote(input, target)
@@ -341,7 +341,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     red = _REDUCTION_NAMES.index(reduction)
     full, eps = bool(full), float(eps)
     operands = (input, target, var)
-    if not all(t.dtype.is_floating_point for t in operands) or not math.isfinite(eps):
+    if not all(t.dtype.is_floating_point for t in operands) or not finite(eps):
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation (and its checks).
         if var.is_floating_point() and torch.any(var < 0):
             raise ValueError("var has negative entry/entries")

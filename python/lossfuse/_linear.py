@@ -178,8 +178,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     if ignore_index is None:
         ignore_index = -100
     if target.is_floating_point() or linear_weight.dim() != 2:
-        warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
-                      "computed from the full logits", stacklevel=2)
+        if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+            warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
+                          "computed from the full logits", stacklevel=2)
         from ._cross_entropy import cross_entropy
         classes, *out, hidden = linear_weight.shape
         logits = torch.nn.functional.linear(input, linear_weight.reshape(-1, hidden),

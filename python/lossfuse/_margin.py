@@ -14,13 +14,12 @@ multilabel_soft_margin_loss input whose last dim the target broadcasts), and mul
 that broadcast beyond (C) or need a gradient.
 """
 
-import math
 
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
-                      new_loss, ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
+                      infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -290,10 +289,10 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     short = [t.dim() > 0 and t.shape[-1] != D for t in operands]
     pairwise_last_dim = (short[0] and (short[1] or short[2])) or (swap and short[1] and short[2])
     if (dtype not in _KERNEL_DTYPES or pairwise_last_dim
-            or not (p >= 0 and math.isfinite(margin) and math.isfinite(eps))):
+            or not (p >= 0 and finite(margin) and finite(eps))):
         operands = [t.to(dtype) for t in operands] if pairwise_last_dim else (a, pos, neg)
         return _by_formula(_triplet_formula, operands, (margin, p, eps, swap, red), dtype)
-    if math.isinf(p) and D == 0:
+    if infinite(p) and D == 0:
         raise RuntimeError("triplet_margin_loss: p: the infinity norm of an empty last dim (D = 0) is undefined; "
                            "torch's linalg.vector_norm raises here too")
     if a.dim() == 0:  # one row of one element
@@ -333,7 +332,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     t = _cosine_target(target.detach(), dtype).expand(rows)
     # torch sums each squared norm over its own input's last dim: where x1's and x2's last dims differ (one is 1),
     # expanding it would count that input's norm repeatedly.
-    if dtype not in _KERNEL_DTYPES or not math.isfinite(margin) or input1.shape[-1:] != input2.shape[-1:]:
+    if dtype not in _KERNEL_DTYPES or not finite(margin) or input1.shape[-1:] != input2.shape[-1:]:
         return _by_formula(_cosine_formula, (input1.to(dtype), input2.to(dtype), t), (margin, red), dtype)
     x1, x2 = input1.to(dtype).expand(shape), input2.to(dtype).expand(shape)
     return _finish(_ops.cosine_embedding_loss(x1, x2, t, margin, red), None, red, dtype)
@@ -367,7 +366,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     x = input.reshape(1) if input.dim() == 0 else input
     t = target.reshape(samples) if input.dim() == 2 else target  # a 0-d target of a (1, C) input
     w = None if weight is None else weight.detach()
-    if not math.isfinite(float(margin)):
+    if not finite(float(margin)):
         loss = _by_formula(_multi_margin_formula, (x, t, w), (int(p), float(margin), red), input.dtype)
     else:
         loss = _ops.multi_margin_loss(x, t, w, int(p), float(margin), red)

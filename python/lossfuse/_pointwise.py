@@ -14,8 +14,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, graph_needed, in_acc_dtype, new_grad,
-                      new_loss, ops, reduction_code, register_autograd)
+from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
+                      infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -387,7 +387,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     if not beta >= 0:
         raise RuntimeError(f"smooth_l1_loss does not support negative values for beta (beta = {beta}).")
     x, t = _prepare((input, target), dtype)
-    if math.isinf(beta):  # the loss is 0; the kernels take finite betas
+    if infinite(beta):  # the loss is 0; the kernels take finite betas
         return _smooth_l1_formula(x, t, red, beta)
     (x, t), shape = _fit_dims([x, t])
     return _finish(_ops.smooth_l1_loss(x, t, red, beta), shape, red, dtype)
@@ -403,7 +403,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     delta = float(delta)
     if not delta > 0:
         raise RuntimeError(f"huber_loss does not support non-positive values for delta (delta = {delta}).")
-    if math.isinf(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
+    if infinite(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
         if weight is not None:
             _check_weight(weight, input)
         x, t = _prepare((input, target), dtype)
@@ -451,7 +451,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     dtype = _floating_input_type("hinge_embedding_loss", input)
     margin = float(margin)
     x, t = _prepare((input, target.detach()), dtype)
-    if not math.isfinite(margin):  # the kernels take finite margins
+    if not finite(margin):  # the kernels take finite margins
         return _hinge_formula(x, t, margin, red)
     (x, t), shape = _fit_dims([x, t])
     return _finish(_ops.hinge_embedding_loss(x, t, margin, red), shape, red, dtype)
@@ -471,7 +471,7 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
         dtype = torch.get_default_dtype()
     margin = float(margin)
     x1, x2, t = _prepare((input1, input2, target), dtype)
-    if not math.isfinite(margin):  # the kernels take finite margins
+    if not finite(margin):  # the kernels take finite margins
         return _margin_ranking_formula(x1, x2, t, margin, red)
     (x1, x2, t), shape = _fit_dims([x1, x2, t])
     return _finish(_ops.margin_ranking_loss(x1, x2, t, margin, red), shape, red, dtype)
