@@ -34,6 +34,30 @@ def infinite(v):
     return v == math.inf or v == -math.inf
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def autocast_float32(first, *others):
+    """torch.autocast's float32 policy, which torch applies to its loss ops: where autocast is on for the operands'
+    device, float16 and bfloat16 operands are cast to float32 before the loss (float64 and integer ones stay), and the
+    loss comes back in float32; the casts are differentiable, so gradients come back in the operands' dtypes. Returns
+    (first, *others), None and non-tensors as given. Without autocast, one check."""
+    if not (isinstance(first, torch.Tensor) and torch.is_autocast_enabled(first.device.type)):
+        return (first, *others)
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _HALF else t for t in (first, *others))
+
+
+def autocast_lower(first, *others):
+    """torch.autocast's lower-precision policy, which torch applies to its linear: where autocast is on for the
+    operands' device, floating operands but float64 ones are cast to the autocast dtype. Returns whether it was on,
+    then (first, *others)."""
+    if not (isinstance(first, torch.Tensor) and torch.is_autocast_enabled(first.device.type)):
+        return False, (first, *others)
+    low = torch.get_autocast_dtype(first.device.type)
+    return True, tuple(t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                       else t for t in (first, *others))
+
+
 def check_tensors(name, *named):
     """torch's TypeError for an operand that is not a tensor; named: (argument name, value) in position order."""
     for position, (arg, value) in enumerate(named, 1):

@@ -3,9 +3,9 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, as_argument_error, class_target_mean, check_optional_tensors, check_tensors,
-                      differentiable_grads, forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss,
-                      ops, _plain_eager, reduction_code, register_autograd, to_input_dtype)
+from ._common import (acc_dtype, as_argument_error, autocast_float32, check_optional_tensors, check_tensors,
+                      class_target_mean, differentiable_grads, forward_ad_active, graph_needed, in_acc_dtype, is_eager,
+                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -207,6 +207,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
+    input, target, weight = autocast_float32(input, target, weight)
     soft = target.is_floating_point()
     if soft and input.is_floating_point() and target.dtype != input.dtype:
         # probabilities of another floating dtype: torch computes in the promoted dtype (and returns it)
@@ -289,6 +290,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     check_optional_tensors("nll_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("nll_loss", input, target)
+    input, weight = autocast_float32(input, weight)
     _weight_needs_grad("nll_loss", weight, False)
     input, target, restore = _fit_class_dims(input, target, False)
     loss = _ops.nll_loss(input, target, weight, red, int(ignore_index))

@@ -5,7 +5,8 @@ import operator
 import torch
 import torch.nn as _tnn
 
-from ._common import acc_dtype, new_grad, new_loss, reduction_code, to_input_dtype, ops, register_autograd
+from ._common import (acc_dtype, autocast_float32, new_grad, new_loss, reduction_code, to_input_dtype, ops,
+                      register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 
@@ -109,6 +110,7 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
     backward.
     """
     red = reduction_code(reduction)
+    (log_probs,) = autocast_float32(log_probs)
     if targets.is_floating_point() or targets.dtype == torch.bool:
         targets = targets.long()
     input_lengths = _lengths(input_lengths, "input_lengths", log_probs)

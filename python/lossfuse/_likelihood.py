@@ -14,8 +14,8 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
-                      new_grad, new_loss, ops, reduction_code, register_autograd)
+from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
+                      graph_needed, in_acc_dtype, new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -247,6 +247,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     gradient."""
     check_optional_tensors("binary_cross_entropy", ("weight", 3, weight))
     red = _bce_reduction(reduction, size_average, reduce)
+    input, target, weight = autocast_float32(input, target, weight)
     if target.size() != input.size():
         raise ValueError(f"Using a target size ({target.size()}) that is different to the input size "
                          f"({input.size()}) is deprecated. Please ensure they have the same size.")
@@ -270,6 +271,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     (pos_weight's (C) along the last dim) and get no gradient. The loss has the target's dtype, as torch."""
     check_optional_tensors("binary_cross_entropy_with_logits", ("weight", 3, weight), ("pos_weight", 7, pos_weight))
     red = _bce_reduction(reduction, size_average, reduce)
+    input, target, weight, pos_weight = autocast_float32(input, target, weight, pos_weight)
     if target.size() != input.size():
         raise ValueError(f"Target size ({target.size()}) must be the same as input size ({input.size()})")
     name = "binary_cross_entropy_with_logits"
@@ -295,6 +297,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     y log y - y + 0.5 log(2 pi y) where y > 1. input and target broadcast; both get gradients, as torch."""
     check_tensors("poisson_nll_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce, legacy_names=False)
+    input, target = autocast_float32(input, target)
     log_input, full, eps = bool(log_input), bool(full), float(eps)
     if not (input.dtype.is_floating_point and target.dtype.is_floating_point) or not finite(eps):
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation.

@@ -5,8 +5,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, class_target_mean, differentiable_grads, graph_needed, in_acc_dtype,
-                      is_eager, new_grad, ops, reduction_code, register_autograd)
+from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, class_target_mean, differentiable_grads,
+                      graph_needed, in_acc_dtype, is_eager, new_grad, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -155,6 +155,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     """
     del options
     red = reduction_code(reduction)
+    # torch.autocast: torch's linear runs in the autocast dtype and its cross-entropy in float32, which is the loss's
+    autocasting, (input, linear_weight, linear_bias) = autocast_lower(input, linear_weight, linear_bias)
+    if autocasting:
+        (weight,) = autocast_float32(weight)
     # torch's argument rules, with torch's exception type.
     if input.dim() not in (1, 2):
         raise RuntimeError(f"lossfuse: input: expected dimensionality 1 or 2, got {input.dim()}")
@@ -212,7 +216,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         mask)
     if red == 0:
         loss = loss.reshape(lead)
-    loss = loss if loss.dtype == input.dtype else loss.to(input.dtype)
+    loss = loss if loss.dtype == input.dtype or autocasting else loss.to(input.dtype)
     return (loss, lse.reshape(lead)) if return_lse else loss
 
 

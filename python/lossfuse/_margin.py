@@ -18,8 +18,8 @@ that broadcast beyond (C) or need a gradient.
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
-                      infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
+from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
+                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -263,6 +263,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     broadcast; a 0-d or 1-d operand is one row."""
     check_tensors("triplet_margin_loss", ("anchor", anchor), ("positive", positive), ("negative", negative))
     red = reduction_code(reduction, size_average, reduce)
+    anchor, positive, negative = autocast_float32(anchor, positive, negative)
     margin, p, eps, swap = float(margin), float(p), float(eps), bool(swap)
     if margin <= 0:
         raise ValueError(f"triplet_margin_loss: margin must be greater than 0, got {margin}")
@@ -316,6 +317,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     for the target, as torch."""
     check_tensors("cosine_embedding_loss", ("input1", input1), ("input2", input2), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
+    input1, input2, target = autocast_float32(input1, input2, target)
     margin = float(margin)
     tdim = target.dim()
     if tdim > 1:
@@ -346,6 +348,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     check_optional_tensors("multi_margin_loss", ("weight", 5, weight))
     check_tensors("multi_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
+    input, weight = autocast_float32(input, weight)
     if p != 1 and p != 2:
         raise ValueError(f"multi_margin_loss: p: only p == 1 and p == 2 supported, got {p}")
     if weight is not None and weight.dim() != 1:
@@ -381,6 +384,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     (torch: float32/float64 only) and targets of any integer dtype (torch: int64)."""
     check_tensors("multilabel_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
+    (input,) = autocast_float32(input)
     _check_class_input("multilabel_margin_loss", input)
     if input.dim() <= 1:
         ok = target.dim() <= 1 and target.numel() == (input.numel())

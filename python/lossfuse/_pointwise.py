@@ -14,8 +14,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (check_optional_tensors, check_tensors, differentiable_grads, finite, graph_needed, in_acc_dtype,
-                      infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
+from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
+                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -346,6 +346,8 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     check_optional_tensors("mse_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
+    if weight is None:  # torch's weighted mse_loss is a composition, which autocast leaves alone
+        input, target = autocast_float32(input, target)
     dtype = _floating_result_type("mse_loss", input, target)
     return _weighted_loss("mse_loss", dtype, input, target, weight, red, (), True)
 
@@ -355,6 +357,8 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     check_optional_tensors("l1_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
+    if weight is None:  # as mse_loss
+        input, target = autocast_float32(input, target)
     if input.dtype == torch.bool or target.dtype == torch.bool:
         raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
                            f"{input.dtype} and {target.dtype}")
@@ -382,6 +386,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta."""
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
+    input, target = autocast_float32(input, target)
     dtype = _floating_result_type("smooth_l1_loss", input, target)
     beta = float(beta)
     if not beta >= 0:
@@ -399,6 +404,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     check_optional_tensors("huber_loss", ("weight", 5, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction)
+    input, target, weight = autocast_float32(input, target, weight)
     dtype = _floating_input_type("huber_loss", input)
     delta = float(delta)
     if not delta > 0:
@@ -429,6 +435,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
             )
         red = 2 if reduction == "batchmean" else reduction_code(reduction)
     batchmean = reduction == "batchmean"
+    input, target = autocast_float32(input, target)
     if not (input.dtype.is_floating_point and target.dtype.is_floating_point):
         raise RuntimeError(f"kl_div: Integral inputs not supported (input: {input.dtype}, target: {target.dtype}).")
     dtype = _result_type(input, target)
@@ -448,6 +455,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     both summed for any other target. Computed in the input's dtype; no gradient for the target, as torch."""
     check_tensors("hinge_embedding_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
+    input, target = autocast_float32(input, target)
     dtype = _floating_input_type("hinge_embedding_loss", input)
     margin = float(margin)
     x, t = _prepare((input, target.detach()), dtype)
@@ -466,6 +474,7 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
             f"margin_ranking_loss : All input tensors should have same dimension but got sizes: "
             f"input1: {input1.size()}, input2: {input2.size()}, target: {target.size()} "
         )
+    input1, input2, target = autocast_float32(input1, input2, target)
     dtype = _result_type(input1, input2, target)
     if not dtype.is_floating_point:  # torch adds the (float) margin: integer operands give the default dtype
         dtype = torch.get_default_dtype()

@@ -400,6 +400,59 @@ def test_compiled_grad_and_jacrev_trace_into_one_graph(op):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_autocast_equals_torch(op, dtype):
+    """Inside torch.autocast (CPU, dtype), torch casts the 16-bit operands of its loss ops to float32 (and those of
+    its linear to the autocast dtype): each loss gives torch's dtype, and torch's value and gradients (in the
+    operands' dtypes). Before, ours ran the 16-bit operands as they came and returned 16-bit losses (or refused
+    binary_cross_entropy's float32 target beside a bfloat16 input)."""
+    fn = getattr(LF, op.name[len("nn.functional."):])
+    # float32 samples with their floating tensors in the 16-bit dtype (torch's kernels need not take it: autocast
+    # casts first); as they are too for linear_cross_entropy, whose linear casts them down
+    to16 = [True, False] if op.name == "nn.functional.linear_cross_entropy" else [True]
+    checked = 0
+    for convert in to16:
+        for sample in list(op.sample_inputs("cpu", torch.float32, requires_grad=True))[:12]:
+            results = []
+            for f in (op, fn):
+                x, args, kwargs = _clone(sample)
+                if convert:
+                    def c(t):
+                        return t.detach().to(dtype).requires_grad_(t.requires_grad) if torch.is_tensor(t) and \
+                            t.is_floating_point() else t
+                    x, args, kwargs = c(x), [c(a) for a in args], {k: c(v) for k, v in kwargs.items()}
+                if f is op:
+                    kwargs = {k: v for k, v in kwargs.items() if k != "options"}
+                leaves = [t for t in [x, *args, *kwargs.values()] if torch.is_tensor(t) and t.requires_grad]
+                try:
+                    with torch.autocast("cpu", dtype=dtype):
+                        out = f(x, *args, **kwargs)
+                except (RuntimeError, ValueError, IndexError) as e:
+                    results.append(type(e))
+                    continue
+                grads = torch.autograd.grad(out.float().sum(), leaves, allow_unused=True) if leaves else ()
+                results.append((out, grads))
+            want, got = results
+            if isinstance(want, type):  # torch refuses the sample
+                continue
+            assert not isinstance(got, type), f"{sample}: {got}"
+            assert got[0].dtype == want[0].dtype, (sample, got[0].dtype, want[0].dtype)
+            # float32 arithmetic on both sides where autocast casts; 16-bit arithmetic in torch's compositions
+            # (weighted mse / l1, gaussian_nll, multilabel_soft_margin) and logits rounded to 16 bits in its linear
+            tol = dict(rtol=1e-4, atol=1e-5) if want[0].dtype == torch.float32 and op.name not in (
+                "nn.functional.linear_cross_entropy",) else dict(rtol=3e-2, atol=3e-2)
+            torch.testing.assert_close(got[0], want[0], equal_nan=True, **tol, msg=lambda m, s=sample: f"{s}: {m}")
+            for gg, gw in zip(got[1], want[1]):
+                assert (gg is None) == (gw is None), sample
+                if gw is not None:
+                    assert gg.dtype == gw.dtype, (sample, gg.dtype, gw.dtype)
+                    torch.testing.assert_close(gg.float(), gw.float(), equal_nan=True, rtol=3e-2, atol=3e-2,
+                                               msg=lambda m, s=sample: f"{s}: grad: {m}")
+            checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_compiled_with_dynamic_shapes_equals_eager(op):
     """torch.compile(dynamic=True, fullgraph=True): shapes are symbolic, and so are the float arguments (margin,
