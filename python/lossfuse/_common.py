@@ -37,6 +37,11 @@ def infinite(v):
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def autocasts(t):
+    """Whether torch.autocast's float32 policy would cast t (16-bit, autocast on for its device)."""
+    return t.dtype in _HALF and torch.is_autocast_enabled(t.device.type)
+
+
 def autocast_float32(first, *others):
     """torch.autocast's float32 policy, which torch applies to its loss ops: where autocast is on for the operands'
     device, float16 and bfloat16 operands are cast to float32 before the loss (float64 and integer ones stay), and the

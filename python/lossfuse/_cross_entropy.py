@@ -3,9 +3,9 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, as_argument_error, autocast_float32, check_optional_tensors, check_tensors,
+from ._common import (acc_dtype, as_argument_error, autocast_float32, autocasts, check_optional_tensors, check_tensors,
                       class_target_mean, differentiable_grads, forward_ad_active, graph_needed, in_acc_dtype, is_eager,
-                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd, to_input_dtype)
+                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -141,7 +141,8 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             _ops.rescale_grad_(grad, applied, grad_loss)
             grad_input = grad
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
-            go = grad_loss.unsqueeze(1 if input.dim() >= 2 else 0) if ctx.args[0] == 0 and grad_loss.dim() else grad_loss
+            per_row = ctx.args[0] == 0 and grad_loss.dim()
+            go = grad_loss.unsqueeze(1 if input.dim() >= 2 else 0) if per_row else grad_loss
             grad_input = (grad * go).to(grad.dtype)
         else:
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
@@ -207,12 +208,17 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
-    input, target, weight = autocast_float32(input, target, weight)
     soft = target.is_floating_point()
+    loss_dtype = _autocast_class_target_logits(input, soft)
+    if loss_dtype is None:
+        input, target, weight = autocast_float32(input, target, weight)
+    else:
+        (weight,) = autocast_float32(weight)
     if soft and input.is_floating_point() and target.dtype != input.dtype:
         # probabilities of another floating dtype: torch computes in the promoted dtype (and returns it)
         dtype = torch.promote_types(input.dtype, target.dtype)
         input, target = input.to(dtype), target.to(dtype)
+    loss_dtype = loss_dtype or input.dtype
     args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
     fitted, fitted_target, restore = _fit_class_dims(input, target, soft, same_shape_is_soft=True)
     if _weight_needs_grad("cross_entropy", weight, soft):
@@ -222,13 +228,14 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         if restore is not None:
             lse, z_loss = restore(lse), restore(z_loss)
         loss = _ce_differentiable(input, target, weight, args)
-        return _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss)
+        return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
     input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
     args = (input, target, weight) + args
-    if compute_grad and not soft and _plain_eager(args) and not forward_ad_active():
+    if compute_grad and not soft and loss_dtype == input.dtype and _plain_eager(args) and not forward_ad_active():
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
-        # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's
+        # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's; it returns the loss in
+        # the input's dtype (not autocast's float32)
         try:
             loss, lse, z_loss = _cross_entropy_eager(*args)
         except ValueError as e:
@@ -237,15 +244,23 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         loss, lse, z_loss, _ = _ops.cross_entropy(*args, compute_grad)
     if restore is not None:
         loss, lse, z_loss = (restore(t) for t in (loss, lse, z_loss))
-    return _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss)
+    return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
 
 
-def _ce_outputs(loss, lse, z_loss, input, return_lse, return_z_loss):
-    out = (to_input_dtype(loss, input),)
+def _autocast_class_target_logits(input, soft):
+    """Inside torch.autocast, torch casts 16-bit logits to float32 and returns a float32 loss. With class-index
+    targets the kernels read the 16-bit logits as they are, in float32 arithmetic (the same values as the cast's), and
+    write the gradient in their dtype: no float32 copy of the logits, and no float32 gradient cast back (two N x V
+    passes each way). Returns the loss dtype (float32) where that applies, else None."""
+    return torch.float32 if not soft and autocasts(input) else None
+
+
+def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss):
+    out = (loss if loss.dtype == dtype else loss.to(dtype),)
     if return_lse:
         out += (lse,)
     if return_z_loss:
-        out += (to_input_dtype(z_loss, input),)
+        out += (z_loss if z_loss.dtype == dtype else z_loss.to(dtype),)
     return out[0] if len(out) == 1 else out
 
 
@@ -290,13 +305,14 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     check_optional_tensors("nll_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("nll_loss", input, target)
-    input, weight = autocast_float32(input, weight)
+    loss_dtype = _autocast_class_target_logits(input, False) or input.dtype
+    (weight,) = autocast_float32(weight)
     _weight_needs_grad("nll_loss", weight, False)
     input, target, restore = _fit_class_dims(input, target, False)
     loss = _ops.nll_loss(input, target, weight, red, int(ignore_index))
     if restore is not None:
         loss = restore(loss)
-    return to_input_dtype(loss, input)
+    return loss if loss.dtype == loss_dtype else loss.to(loss_dtype)
 
 
 class CrossEntropyLoss(_tnn.CrossEntropyLoss):
