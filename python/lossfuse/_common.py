@@ -37,9 +37,15 @@ def infinite(v):
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def _autocast_on(t):
+    """Whether torch.autocast is on for t's device (a device without autocast, such as meta, never has it on)."""
+    device = t.device.type
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+
+
 def autocasts(t):
     """Whether torch.autocast's float32 policy would cast t (16-bit, autocast on for its device)."""
-    return t.dtype in _HALF and torch.is_autocast_enabled(t.device.type)
+    return t.dtype in _HALF and _autocast_on(t)
 
 
 def autocast_float32(first, *others):
@@ -47,7 +53,7 @@ def autocast_float32(first, *others):
     device, float16 and bfloat16 operands are cast to float32 before the loss (float64 and integer ones stay), and the
     loss comes back in float32; the casts are differentiable, so gradients come back in the operands' dtypes. Returns
     (first, *others), None and non-tensors as given. Without autocast, one check."""
-    if not (isinstance(first, torch.Tensor) and torch.is_autocast_enabled(first.device.type)):
+    if not (isinstance(first, torch.Tensor) and _autocast_on(first)):
         return (first, *others)
     return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _HALF else t for t in (first, *others))
 
@@ -56,7 +62,7 @@ def autocast_lower(first, *others):
     """torch.autocast's lower-precision policy, which torch applies to its linear: where autocast is on for the
     operands' device, floating operands but float64 ones are cast to the autocast dtype. Returns whether it was on,
     then (first, *others)."""
-    if not (isinstance(first, torch.Tensor) and torch.is_autocast_enabled(first.device.type)):
+    if not (isinstance(first, torch.Tensor) and _autocast_on(first)):
         return False, (first, *others)
     low = torch.get_autocast_dtype(first.device.type)
     return True, tuple(t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64

@@ -400,6 +400,35 @@ def test_compiled_grad_and_jacrev_trace_into_one_graph(op):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_meta_tensors_and_inference_mode(op):
+    """Tensors on the meta device (shape inference, model summaries): torch's output shape and dtype, on meta (an
+    autocast check once raised there: meta has no autocast). Under torch.inference_mode: torch's values."""
+    fn = getattr(LF, op.name[len("nn.functional."):])
+    checked = 0
+    for sample in list(op.sample_inputs("cpu", torch.float32))[:10]:
+        kwargs = {k: v for k, v in sample.kwargs.items() if k != "options"}
+        try:
+            want = op(sample.input, *sample.args, **kwargs)
+        except (RuntimeError, ValueError, IndexError):
+            continue
+        with torch.inference_mode():
+            x, args, kw = _clone(sample)
+            torch.testing.assert_close(fn(x, *args, **kw), want, equal_nan=True, msg=lambda m: f"{sample}: {m}")
+        checked += 1
+
+        def meta(t):
+            return t.to("meta") if torch.is_tensor(t) else t
+
+        try:
+            want_meta = op(meta(sample.input), *map(meta, sample.args), **{k: meta(v) for k, v in kwargs.items()})
+        except (RuntimeError, NotImplementedError):  # torch's own op reads values here (gaussian_nll's var check)
+            continue
+        got = fn(meta(sample.input), *map(meta, sample.args), **{k: meta(v) for k, v in sample.kwargs.items()})
+        assert (got.device.type, got.shape, got.dtype) == ("meta", want_meta.shape, want_meta.dtype), sample
+    assert checked > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_autocast_equals_torch(op, dtype):
