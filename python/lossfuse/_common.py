@@ -39,6 +39,8 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def _autocast_on(t):
     """Whether torch.autocast is on for t's device (a device without autocast, such as meta, never has it on)."""
+    if t.is_cpu:
+        return torch.is_autocast_enabled("cpu")
     device = t.device.type
     return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
@@ -52,10 +54,16 @@ def autocast_float32(first, *others):
     """torch.autocast's float32 policy, which torch applies to its loss ops: where autocast is on for the operands'
     device, float16 and bfloat16 operands are cast to float32 before the loss (float64 and integer ones stay), and the
     loss comes back in float32; the casts are differentiable, so gradients come back in the operands' dtypes. Returns
-    (first, *others), None and non-tensors as given. Without autocast, one check."""
-    if not (isinstance(first, torch.Tensor) and _autocast_on(first)):
-        return (first, *others)
-    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _HALF else t for t in (first, *others))
+    (first, *others), None and non-tensors as given."""
+    tensors = (first, *others)
+    for t in tensors:  # the common case first: no 16-bit operand, nothing to ask
+        if isinstance(t, torch.Tensor) and t.dtype in _HALF:
+            break
+    else:
+        return tensors
+    if not _autocast_on(t):
+        return tensors
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _HALF else t for t in tensors)
 
 
 def autocast_lower(first, *others):
