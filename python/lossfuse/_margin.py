@@ -14,7 +14,6 @@ multilabel_soft_margin_loss input whose last dim the target broadcasts), and mul
 that broadcast beyond (C) or need a gradient.
 """
 
-
 import torch
 import torch.nn as _tnn
 
