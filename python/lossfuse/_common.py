@@ -50,6 +50,13 @@ def autocasts(t):
     return t.dtype in _HALF and _autocast_on(t)
 
 
+def autocast_reads_16bit(first, *others):
+    """Whether torch.autocast's float32 policy would cast every operand, all of one 16-bit dtype: a kernel that
+    computes in float32 then reads them as they are (the same values as the casts') and returns its float32 loss,
+    writing gradients in their dtype, with no float32 copies."""
+    return first.dtype in _HALF and all(t.dtype == first.dtype for t in others) and _autocast_on(first)
+
+
 def autocast_float32(first, *others):
     """torch.autocast's float32 policy, which torch applies to its loss ops: where autocast is on for the operands'
     device, float16 and bfloat16 operands are cast to float32 before the loss (float64 and integer ones stay), and the

@@ -14,8 +14,9 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
-                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
+from ._common import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors,
+                      differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
+                      reduction_code, register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -313,8 +314,9 @@ def _check_weight(weight, input):
                          f"{tuple(input.shape)}.")
 
 
-def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weight_sum):
-    """mse_loss, l1_loss, huber_loss: promoted and broadcast operands, the weight expanded to their shape."""
+def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weight_sum, out_dtype=None):
+    """mse_loss, l1_loss, huber_loss: promoted and broadcast operands, the weight expanded to their shape. The loss
+    in out_dtype (default: dtype)."""
     op = getattr(_ops, name)
     if weight is not None:
         _check_weight(weight, input)
@@ -335,7 +337,7 @@ def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weigh
         loss = loss / weight.to(loss.dtype).sum()
     elif repeat != 1:
         loss = loss * repeat
-    return _finish(loss, shape, red, dtype)
+    return _finish(loss, shape, red, out_dtype or dtype)
 
 
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------------
@@ -346,10 +348,13 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     check_optional_tensors("mse_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
-    if weight is None:  # torch's weighted mse_loss is a composition, which autocast leaves alone
+    # torch's weighted mse_loss is a composition, which autocast leaves alone
+    direct = weight is None and autocast_reads_16bit(input, target)
+    if weight is None and not direct:
         input, target = autocast_float32(input, target)
     dtype = _floating_result_type("mse_loss", input, target)
-    return _weighted_loss("mse_loss", dtype, input, target, weight, red, (), True)
+    return _weighted_loss("mse_loss", dtype, input, target, weight, red, (), True,
+                          out_dtype=torch.float32 if direct else None)
 
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
@@ -357,7 +362,8 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     check_optional_tensors("l1_loss", ("weight", 6, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
-    if weight is None:  # as mse_loss
+    direct = weight is None and autocast_reads_16bit(input, target)  # as mse_loss
+    if weight is None and not direct:
         input, target = autocast_float32(input, target)
     if input.dtype == torch.bool or target.dtype == torch.bool:
         raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
@@ -365,7 +371,8 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     if not torch.promote_types(input.dtype, target.dtype).is_floating_point:
         return _composed_l1_loss(input, target, weight, red)
     dtype = _floating_result_type("l1_loss", input, target)
-    return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True)
+    return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True,
+                          out_dtype=torch.float32 if direct else None)
 
 
 def _composed_l1_loss(input, target, weight, red):
@@ -386,16 +393,18 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta."""
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
-    input, target = autocast_float32(input, target)
-    dtype = _floating_result_type("smooth_l1_loss", input, target)
     beta = float(beta)
+    direct = not infinite(beta) and autocast_reads_16bit(input, target)  # as mse_loss
+    if not direct:
+        input, target = autocast_float32(input, target)
+    dtype = _floating_result_type("smooth_l1_loss", input, target)
     if not beta >= 0:
         raise RuntimeError(f"smooth_l1_loss does not support negative values for beta (beta = {beta}).")
     x, t = _prepare((input, target), dtype)
     if infinite(beta):  # the loss is 0; the kernels take finite betas
         return _smooth_l1_formula(x, t, red, beta)
     (x, t), shape = _fit_dims([x, t])
-    return _finish(_ops.smooth_l1_loss(x, t, red, beta), shape, red, dtype)
+    return _finish(_ops.smooth_l1_loss(x, t, red, beta), shape, red, torch.float32 if direct else dtype)
 
 
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
@@ -404,9 +413,11 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     check_optional_tensors("huber_loss", ("weight", 5, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction)
-    input, target, weight = autocast_float32(input, target, weight)
-    dtype = _floating_input_type("huber_loss", input)
     delta = float(delta)
+    direct = weight is None and not infinite(delta) and autocast_reads_16bit(input, target)  # as mse_loss
+    if not direct:
+        input, target, weight = autocast_float32(input, target, weight)
+    dtype = _floating_input_type("huber_loss", input)
     if not delta > 0:
         raise RuntimeError(f"huber_loss does not support non-positive values for delta (delta = {delta}).")
     if infinite(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
@@ -415,7 +426,8 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
         x, t = _prepare((input, target), dtype)
         w = None if weight is None else weight.expand(x.shape)
         return _huber_formula(x, t, w, red, delta)
-    return _weighted_loss("huber_loss", dtype, input, target, weight, red, (delta,), False)
+    return _weighted_loss("huber_loss", dtype, input, target, weight, red, (delta,), False,
+                          out_dtype=torch.float32 if direct else None)
 
 
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
