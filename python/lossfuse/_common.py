@@ -144,29 +144,42 @@ def as_argument_error(error):
 # in Python (the dispatcher calls back into a generated autograd.Function, which re-reads the schema's defaults for
 # setup_context on every call): several times torch's own small losses. So `register_autograd` below also builds a
 # plain torch.autograd.Function from the same setup_context and backward, and `ops.<name>(...)` applies it directly
-# when nothing traces the call; anything else (Dynamo, a dispatch or function mode, a tensor subclass, no gradient
-# needed) goes through the registered op. Both paths run the same kernel and the same backward.
+# when nothing traces the call. A plain eager call that needs no gradient (torch.no_grad, inference_mode, an
+# evaluation loop, operands that do not require grad) skips the registered autograd altogether and runs the kernel
+# below autograd, as that autograd's own no-grad path does after its Python redispatch. Anything else (Dynamo, a
+# dispatch or function mode, a tensor subclass, forward-mode duals) goes through the registered op. Every path runs
+# the same kernel; the gradient paths the same backward.
 
 
 # Tensor types the fast path takes: plain tensors and parameters (a subclass that overrides nothing).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
+# what _eager_state finds
+_TRACED, _NO_GRAD, _WANTS_GRAD = 0, 1, 2
 
-def _plain_eager(args):
-    """True when the call may bypass the dispatcher's autograd: grad mode on, some plain tensor requiring grad, no
-    tracer (Dynamo, torch.jit.trace, functorch), mode or other tensor subclass anywhere."""
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False
+
+def _eager_state(args):
+    """_WANTS_GRAD when the call may bypass the dispatcher's autograd for the plain Function: grad mode on, some plain
+    tensor requiring grad, no tracer (Dynamo, torch.jit.trace, functorch), mode or other tensor subclass anywhere;
+    _NO_GRAD in the same conditions when no tensor requires grad or grad mode is off; else _TRACED."""
+    if torch.compiler.is_compiling():
+        return _TRACED
     if (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._are_functorch_transforms_active() or torch._C._get_tracing_state() is not None):
-        return False
+        return _TRACED
     wants_grad = False
     for a in args:
         if isinstance(a, torch.Tensor):
             if type(a) not in _PLAIN:
-                return False
+                return _TRACED
             wants_grad = wants_grad or a.requires_grad
-    return wants_grad
+    return _WANTS_GRAD if wants_grad and torch.is_grad_enabled() else _NO_GRAD
+
+
+def _plain_eager(args):
+    """True when the call may bypass the dispatcher's autograd: grad mode on, some plain tensor requiring grad, no
+    tracer (Dynamo, torch.jit.trace, functorch), mode or other tensor subclass anywhere."""
+    return _eager_state(args) == _WANTS_GRAD
 
 
 def is_eager(t):
@@ -595,8 +608,12 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
                 return function.apply(*args)
             return op(*args)
         try:
-            if _plain_eager(args):
+            state = _eager_state(args)
+            if state == _WANTS_GRAD:
                 return function.apply(*args)
+            if state == _NO_GRAD and not forward_ad_active():  # no gradient: straight to the kernel
+                with _below_autograd():
+                    return op(*args)
             if torch._C._are_functorch_transforms_active():
                 return transformable.apply(*spread(args))
             if forward_ad_active() and _has_tangent(args):

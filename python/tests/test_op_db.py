@@ -434,6 +434,37 @@ def test_meta_tensors_and_inference_mode(op):
     assert checked > 0
 
 
+@pytest.mark.parametrize("op", OPS, ids=_id)
+def test_calls_needing_no_gradient_equal_torch(op):
+    """A plain eager call that needs no gradient runs the kernel below autograd (no registered autograd): under
+    torch.no_grad with operands that require grad, and with grad mode on and no operand requiring grad, the value,
+    requires_grad and grad_fn are torch's; a call that needs the gradient afterwards still gets torch's."""
+    fn = getattr(LF, op.name[len("nn.functional."):])
+    checked = 0
+    for sample in list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:8]:
+        kwargs = {k: v for k, v in sample.kwargs.items() if k != "options"}
+        try:
+            with torch.no_grad():
+                want = op(sample.input, *sample.args, **kwargs)
+        except (RuntimeError, ValueError, IndexError):
+            continue
+        x, args, kw = _clone(sample)
+        with torch.no_grad():
+            got = fn(x, *args, **kw)
+        assert (got.requires_grad, got.grad_fn) == (False, None), sample
+        torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m: f"{sample}, no_grad: {m}")
+        detached = [t.detach() if torch.is_tensor(t) else t for t in (x, *args)]
+        got = fn(*detached, **{k: v.detach() if torch.is_tensor(v) else v for k, v in kw.items()})
+        assert (got.requires_grad, got.grad_fn) == (False, None), sample
+        torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m: f"{sample}, detached: {m}")
+        if x.requires_grad:
+            want_grad = torch.autograd.grad(op(sample.input, *sample.args, **kwargs).sum(), sample.input)[0]
+            got_grad = torch.autograd.grad(fn(x, *args, **kw).sum(), x)[0]
+            torch.testing.assert_close(got_grad, want_grad, equal_nan=True, msg=lambda m: f"{sample}, grad: {m}")
+        checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_autocast_equals_torch(op, dtype):
