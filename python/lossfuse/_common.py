@@ -298,8 +298,12 @@ def _autograd_grads(loss_fn, live, idx, grad_output):
     """torch.autograd.grad of loss_fn(*live) for live[i], i in idx, as a graph (create_graph=True). Never compiled:
     Dynamo cannot trace torch.autograd.grad, and where it compiles frame by frame (the eager rest of a frame it gave
     up on, as a torch.func transform after a graph break) it would compile loss_fn alone, whose compiled backward
-    has no derivative: the gradient would come back disconnected from the operands."""
-    leaves = [live[i] if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
+    has no derivative: the gradient would come back disconnected from the operands.
+
+    Each operand differentiated is a fresh alias (a view, still in the caller's graph), so its gradient is the partial
+    derivative at its own position: an operand made from another (mse_loss(y, 2 * y), or the same tensor twice) gave
+    the total derivative through both positions."""
+    leaves = [live[i].view_as(live[i]) if live[i].requires_grad else live[i].detach().requires_grad_() for i in idx]
     for i, leaf in zip(idx, leaves):
         live[i] = leaf
     return torch.autograd.grad(loss_fn(*live), leaves, grad_output, create_graph=True, allow_unused=True)

@@ -404,3 +404,56 @@ def test_derivatives_through_vmap_and_of_weights():
         ours = torch.func.jvp(lambda ww: call(LF, ww), (w,), (tw,))[1]
         theirs = torch.func.jvp(lambda ww: call(F, ww), (w,), (tw,))[1]
         torch.testing.assert_close(ours, theirs)
+
+
+_SIGNS = torch.sign(torch.randn(4, 5, generator=torch.Generator().manual_seed(12), dtype=torch.float64))
+# Losses whose operands are all made from one tensor y (2 y, y flipped, a function of y): each operand's gradient is
+# the partial derivative at its own position, and y's gradient their sum through the chain rule.
+_ONE_TENSOR_OPERANDS = {
+    "mse_loss": lambda M, y: M.mse_loss(y, 2 * y, reduction="sum"),
+    "l1_loss": lambda M, y: M.l1_loss(y, y.flip(0)),
+    "smooth_l1_loss": lambda M, y: M.smooth_l1_loss(y, 2 * y),
+    "huber_loss": lambda M, y: M.huber_loss(y, y.flip(1), delta=0.5),
+    "kl_div": lambda M, y: M.kl_div(y, y.flip(0), log_target=True, reduction="batchmean"),
+    "margin_ranking_loss": lambda M, y: M.margin_ranking_loss(y, y.flip(0), _SIGNS),
+    "triplet_margin_loss": lambda M, y: M.triplet_margin_loss(y, y.flip(0), 2 * y, swap=True),
+    "cross_entropy": lambda M, y: M.cross_entropy(y, y.softmax(-1).flip(0)),
+    "multilabel_soft_margin_loss": lambda M, y: M.multilabel_soft_margin_loss(y, y.sigmoid()),
+    "binary_cross_entropy_with_logits": lambda M, y: M.binary_cross_entropy_with_logits(y, y.sigmoid().flip(0)),
+    "binary_cross_entropy": lambda M, y: M.binary_cross_entropy(y.sigmoid(), y.flip(0).sigmoid()),
+    "poisson_nll_loss": lambda M, y: M.poisson_nll_loss(y, y.exp()),
+    "gaussian_nll_loss": lambda M, y: M.gaussian_nll_loss(y, y.flip(0), y.exp()),
+    "cosine_embedding_loss": lambda M, y: M.cosine_embedding_loss(y, y.flip(0), _SIGNS[:, 0]),
+    "same_tensor_twice": lambda M, y: M.mse_loss(y, y) + M.l1_loss(y.exp(), y.exp()),
+}
+
+
+@pytest.mark.parametrize("name", list(_ONE_TENSOR_OPERANDS))
+def test_operands_made_from_one_tensor_get_partial_derivatives(name):
+    """Operands computed from one tensor that requires grad: the gradient and the second derivative (create_graph=True,
+    torch.func.grad, the function torch.func.vjp returns, each differentiated again by plain autograd) are torch's.
+    The backward that builds a differentiable graph differentiated each operand through all of them (the total
+    derivative: mse_loss(y, 2 y) gave 6 y where torch gives 2 y)."""
+    loss = _ONE_TENSOR_OPERANDS[name]
+    y0 = torch.randn(4, 5, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+
+    def second(g, y):  # the derivative of |g|^2; 0 where torch's gradient has no graph (piecewise-linear losses)
+        d = torch.autograd.grad(g.square().sum(), y, allow_unused=True)[0] if g.requires_grad else None
+        return torch.zeros_like(y) if d is None else d
+
+    vjp = lambda f, y: torch.func.vjp(f, y)[1](torch.ones((), dtype=y.dtype))[0]  # noqa: E731
+    ways = {"create_graph": lambda f, y: torch.autograd.grad(f(y), y, create_graph=True)[0],
+            "func.grad": lambda f, y: torch.func.grad(f)(y), "func.vjp": vjp}
+    for way, run in ways.items():
+        for requires_grad in (False, True):
+            if way == "create_graph" and not requires_grad:
+                continue
+            results = []
+            for M in (F, LF):
+                y = y0.clone().requires_grad_(requires_grad)
+                g = run(lambda q, M=M: loss(M, q), y)
+                results.append((g, second(g, y) if requires_grad else None))
+            (want, want2), (got, got2) = results
+            torch.testing.assert_close(got, want, msg=lambda m: f"{way}, requires_grad={requires_grad}: {m}")
+            if requires_grad:
+                torch.testing.assert_close(got2, want2, msg=lambda m: f"{way}, second derivative: {m}")
