@@ -128,7 +128,11 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.eager_grad is not None:
+        if ctx.compute_grad and input.dtype.itemsize < grad_loss.dtype.itemsize and not _is_one(grad_loss):
+            # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
+            # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before rounding
+            grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
+        elif ctx.eager_grad is not None:
             # handed over once: the caller owns it from now on (it may land in .grad and change there)
             grad, applied = ctx.eager_grad
             if grad is None:
@@ -149,6 +153,11 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     if ctx.needs_input_grad[1] and target.is_floating_point():
         grad_target = _soft_target_grad(input, target, weight, lse, grad_loss, ctx.args)
     return grad_input, grad_target, None, None, None, None, None, None, None, None
+
+
+def _is_one(t):
+    """Whether t is exactly 1, read only where that traces nothing (eager, no mode, no transform); else False."""
+    return is_eager(t) and torch._C._len_torch_dispatch_stack() == 0 and t.numel() == 1 and t.item() == 1
 
 
 register_autograd("cross_entropy", _ce_backward, _ce_setup,
