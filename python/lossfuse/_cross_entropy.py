@@ -128,7 +128,7 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad and input.dtype.itemsize < grad_loss.dtype.itemsize and not _is_one(grad_loss):
+        if ctx.compute_grad and getattr(ctx, "float32_loss", False) and not _is_one(grad_loss):
             # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
             # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before rounding
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
@@ -251,6 +251,10 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
             raise as_argument_error(e) from None
     else:
         loss, lse, z_loss, _ = _ops.cross_entropy(*args, compute_grad)
+        if compute_grad and loss_dtype != input.dtype and is_eager(loss) and loss.grad_fn is not None:
+            # autocast's float32 loss of 16-bit logits, handed to the caller as it is: its backward (the node's ctx)
+            # rounds the gradient once (_ce_backward)
+            loss.grad_fn.float32_loss = True
     if restore is not None:
         loss, lse, z_loss = (restore(t) for t in (loss, lse, z_loss))
     return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
