@@ -109,34 +109,42 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
     const auto a = ctx->saved_data["args"].toDoubleList();
     const auto red = static_cast<std::int64_t>(a[0]);
     const auto ignore_index = static_cast<std::int64_t>(a[1]);
+    const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
     if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable gradient
       static const auto op = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("lossfuse::cross_entropy", "")
                                  .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                                      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                      std::int64_t, std::int64_t, double, double, double, double, bool)>();
-      const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
       const at::Tensor loss =
           std::get<0>(op.call(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], false));
       out[0] = torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
                                      /*create_graph=*/true)[0];
       return out;
     }
+    const double scale = grad_loss.item<double>();
+    if (!std::isfinite(scale)) {
+      // NaN or inf: scaling the forward's gradient would turn the ignored rows' zeros into NaN, where torch keeps 0.
+      // The gradient is made from the lse instead (the backward kernel never scales those rows); any gradient held
+      // stays for a later backward through a retained graph.
+      const at::Tensor lse = std::get<1>(
+          cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/false));
+      out[0] = cross_entropy_backward(acc_grad_output(grad_loss, saved[0]), saved[0], saved[1], lse, weight, red,
+                                      ignore_index, a[2], a[3], a[4], a[5]);
+      return out;
+    }
     if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end()) {
       // the first backward: the forward's gradient, handed over
       at::Tensor grad = held->second.toTensor();
       ctx->saved_data.erase(held);
-      const double scale = grad_loss.item<double>();
       if (scale != 1.0) grad.mul_(scale);
       out[0] = std::move(grad);
       return out;
     }
     // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
     // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
-    const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
     at::Tensor grad = std::get<3>(
         cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));
-    const double scale = grad_loss.item<double>();
     if (scale != 1.0) grad.mul_(scale);
     out[0] = std::move(grad);
     return out;

@@ -189,6 +189,22 @@ def is_eager(t):
             and not torch._C._are_functorch_transforms_active())
 
 
+def eager_scalar(t):
+    """The value of a one-element tensor, read only where that traces nothing (eager, no mode, no transform); else
+    None. Backward uses it to pick a path (an upstream gradient of 1, or one that is not finite)."""
+    if is_eager(t) and torch._C._len_torch_dispatch_stack() == 0 and t.numel() == 1:
+        return t.item()
+    return None
+
+
+def upstream_not_finite(grad_output):
+    """Whether a scalar upstream gradient is NaN or infinite (eager reads only). A gradient made in the forward for
+    an upstream gradient of 1 and scaled by such a value would make the ignored rows' zeros NaN (0 * NaN), where
+    torch keeps them 0: the backward then makes the gradient from the saved lse instead, which never scales them."""
+    v = eager_scalar(grad_output)
+    return v is not None and not math.isfinite(v)
+
+
 def graph_needed(grad_output, tensors, wanted):
     """Whether a backward must return a differentiable graph (differentiable_grads) rather than the kernels'
     gradients: grad mode is on (create_graph=True, or a torch.func transform) and the upstream gradient or an operand

@@ -4,8 +4,9 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (acc_dtype, as_argument_error, autocast_float32, autocasts, check_optional_tensors, check_tensors,
-                      class_target_mean, differentiable_grads, forward_ad_active, graph_needed, in_acc_dtype, is_eager,
-                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd)
+                      class_target_mean, differentiable_grads, eager_scalar, forward_ad_active, graph_needed,
+                      in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd,
+                      upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -128,9 +129,11 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad and getattr(ctx, "float32_loss", False) and not _is_one(grad_loss):
+        if ctx.compute_grad and ((getattr(ctx, "float32_loss", False) and not _is_one(grad_loss))
+                                 or upstream_not_finite(grad_loss)):
             # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
-            # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before rounding
+            # once-rounded value by an ulp where torch's is not; scaled by NaN or inf, its ignored rows would not stay
+            # 0: made again from the saved lse, scaled before rounding (any gradient held stays for a later backward)
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
         elif ctx.eager_grad is not None:
             # handed over once: the caller owns it from now on (it may land in .grad and change there)
@@ -157,7 +160,7 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
 
 def _is_one(t):
     """Whether t is exactly 1, read only where that traces nothing (eager, no mode, no transform); else False."""
-    return is_eager(t) and torch._C._len_torch_dispatch_stack() == 0 and t.numel() == 1 and t.item() == 1
+    return eager_scalar(t) == 1
 
 
 register_autograd("cross_entropy", _ce_backward, _ce_setup,

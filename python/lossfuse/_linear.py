@@ -6,7 +6,8 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, class_target_mean, differentiable_grads,
-                      graph_needed, in_acc_dtype, is_eager, new_grad, ops, reduction_code, register_autograd)
+                      graph_needed, in_acc_dtype, is_eager, new_grad, ops, reduction_code, register_autograd,
+                      upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -69,7 +70,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
             logits = torch.nn.functional.linear(x, w, b)
             return _reference_loss(logits, target, weight, ctx.args)
         out = differentiable_grads(f, (input, linear_weight, linear_bias), wanted, grad_loss)
-    elif ctx.precomputed:
+    elif ctx.precomputed and not upstream_not_finite(grad_loss):
         held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
         again = [False, False, False]
         for i, (g, applied) in enumerate(held):
@@ -94,6 +95,8 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
                     _ops.rescale_grad_(computed[i], torch.ones_like(held[i][1]), grad_loss)
                     out[i] = computed[i]
     else:
+        # also where the forward's gradients were made but the upstream gradient is NaN or inf (upstream_not_finite):
+        # they stay held for a later backward through a retained graph
         out = list(_ops.linear_cross_entropy_backward(grad_loss, input, linear_weight, target, lse, linear_bias,
                                                       weight, *ctx.args, wanted))
         out = [g if w else None for g, w in zip(out, wanted)]

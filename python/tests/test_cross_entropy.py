@@ -624,3 +624,57 @@ def test_autocast_gradient_is_rounded_once(dtype, reduction, upstream):
     assert err[1] <= err[0], f"largest error: lossfuse {err[1]:.3g}, torch {err[0]:.3g}"
     off = [int((gr != ref.to(dtype)).sum()) for gr in (theirs, ours)]
     assert off[1] <= off[0] + ref.numel() // 1000, f"elements off the once-rounded value: lossfuse {off[1]}, torch {off[0]}"
+
+
+@pytest.mark.parametrize("path", ["eager", "registered", "linear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [math.nan, math.inf, -math.inf])
+def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduction, upstream):
+    """A NaN or infinite upstream gradient (a diverged step, or a loss scaler's overflow): torch's gradient is 0 on the
+    ignored rows and non-finite on the others. Ours, made in the forward for an upstream gradient of 1 and scaled in
+    place, was NaN on the ignored rows (0 * NaN). Paths: the eager C++ node; the registered op (autocast's float32
+    loss of bfloat16 logits); linear_cross_entropy's input gradient. A row with a NaN logit is NaN for both, ignored
+    or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition gives NaN at the
+    target (inf * (p - 1) through log_softmax's backward) where ours is the limit, -inf: there the ignored rows and
+    which rows are all finite are compared."""
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(8, 40, generator=g).to(dtype)
+    t = torch.randint(0, 40, (8,), generator=g)
+    t[1] = t[4] = -100
+    x0[6, 3] = float("nan")  # a non-finite row: NaN for torch and us, ignored or not
+    t[6] = -100
+    w_lin = torch.randn(40, 16, generator=g).to(dtype)
+    h0 = torch.randn(8, 16, generator=g).to(dtype)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if path == "registered" else contextlib.nullcontext()
+    grads = []
+    for ce in (F.cross_entropy, LF.cross_entropy):
+        if path == "linear":
+            h = h0.clone().requires_grad_()
+            if ce is F.cross_entropy:
+                loss = F.cross_entropy(h @ w_lin.T, t, reduction=reduction)
+            else:
+                loss = LF.linear_cross_entropy(h, w_lin, t, reduction=reduction)
+            (gr,) = torch.autograd.grad(loss, h, torch.tensor(upstream, dtype=loss.dtype))
+        else:
+            x = (x0 if path == "eager" else x0.bfloat16()).clone().requires_grad_()
+            with ctx:
+                loss = ce(x, t, reduction=reduction)
+            (gr,) = torch.autograd.grad(loss, x, torch.tensor(upstream, dtype=loss.dtype))
+        grads.append(gr)
+    theirs, ours = grads
+    ignored = t == -100
+    if path == "linear":
+        ignored[6] = False  # the linear case has no NaN logit
+        assert torch.equal(ours[ignored], torch.zeros_like(ours[ignored]))
+        assert torch.equal(theirs[ignored], ours[ignored])
+    else:
+        finite_rows = ignored.clone()
+        finite_rows[6] = False
+        assert torch.equal(ours[finite_rows], torch.zeros_like(ours[finite_rows])), "ignored rows must stay 0"
+        assert torch.equal(ours[finite_rows], theirs[finite_rows])
+        assert ours[6].isnan().all() and theirs[6].isnan().all()
+    if math.isnan(upstream):
+        assert torch.equal(ours.isnan(), theirs.isnan())
+    else:
+        assert torch.equal(ours.isfinite().all(1), theirs.isfinite().all(1))
