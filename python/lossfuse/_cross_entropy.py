@@ -158,6 +158,21 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     return grad_input, grad_target, None, None, None, None, None, None, None, None
 
 
+_Tensor = torch.Tensor
+_TRAINING_REDUCTIONS = {"mean": 1, "sum": 2}
+
+
+def _training_step_eager(input, target):
+    """For plain tensors with 2-D logits requiring grad and 1-D targets: whether cross_entropy's call takes the eager
+    C++ node as it would through the checks of the general road (floating logits, class-index targets, grad mode on,
+    autocast not casting the logits, nothing tracing: _eager_state's conditions, no forward-mode AD)."""
+    return (input.is_floating_point() and not target.is_floating_point() and torch.is_grad_enabled()
+            and not autocasts(input) and not torch.compiler.is_compiling()
+            and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None
+            and not forward_ad_active())
+
+
 def _is_one(t):
     """Whether t is exactly 1, read only where that traces nothing (eager, no mode, no transform); else False."""
     return eager_scalar(t) == 1
@@ -217,6 +232,19 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
+    if (type(input) is _Tensor and type(target) is _Tensor and weight is None and size_average is None
+            and reduce is None and not return_lse and not return_z_loss and type(ignore_index) is int
+            and type(reduction) is str and input.requires_grad and input.dim() == 2 and target.dim() == 1
+            and _training_step_eager(input, target)):
+        red = _TRAINING_REDUCTIONS.get(reduction)
+        if red is not None:
+            # the training step's common call: the road below's conditions in fewer Python operations (each costs
+            # cache misses when the step's other work has evicted this code), to the same op with the same arguments
+            scalars = float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale)
+            try:
+                return _cross_entropy_eager(input, target, None, red, ignore_index, *scalars)[0]
+            except ValueError as e:
+                raise as_argument_error(e) from None
     check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
