@@ -1,7 +1,8 @@
 """lossfuse: fast, memory-frugal loss functions for PyTorch, forward and backward.
 
 `lossfuse.nn.functional` mirrors `torch.nn.functional`'s losses (same signatures, defaults and results) and
-`lossfuse.nn` its loss modules; `lossfuse.patch_torch()` routes torch's functional losses to lossfuse. The
+`lossfuse.nn` its loss modules; `lossfuse.patch_torch()` routes torch's functional losses to lossfuse;
+`lossfuse.distributed.vocab_parallel_cross_entropy` takes logits split over the vocabulary across ranks. The
 kernels are registered as torch custom ops under `torch.ops.lossfuse`. A bad argument raises
 `lossfuse.ArgumentError`, both a ValueError and a RuntimeError (torch raises one or the other, depending on the
 loss and the argument); a bad class index raises IndexError.
@@ -12,13 +13,14 @@ import torch as _torch
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
 from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
+from . import distributed
 from ._common import ArgumentError
 from ._vmap import register_vmap_rules as _register_vmap_rules
 from ._patch import patch_torch, unpatch_torch
 
 _register_vmap_rules()  # after every op above is defined
 
-__all__ = ["nn", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError"]
+__all__ = ["nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError"]
 __version__ = "0.1.0"
 
 

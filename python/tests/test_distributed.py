@@ -1,0 +1,236 @@
+"""lossfuse.distributed.vocab_parallel_cross_entropy against torch's cross_entropy on the whole vocabulary.
+
+Each test starts its ranks as separate processes (gloo over a file in a temporary directory: nothing leaves the
+machine). Every rank builds the same full logits from a fixed seed, takes its slice of the classes, and checks its
+own loss and its own slice of the gradient against torch on the full logits (float64 reference; for 16-bit inputs
+our error must be no larger than torch's own on the same inputs), so a wrong value anywhere fails on the rank that
+holds it. A worker that fails exits non-zero with its traceback; the test reports it. Ranks run with a timeout, so a
+collective left waiting fails the test instead of hanging it.
+"""
+
+import math
+import os
+import subprocess
+import sys
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lossfuse
+import lossfuse.nn.functional as LF
+from lossfuse.distributed import vocab_parallel_cross_entropy as vpce
+
+TIMEOUT_S = 240
+
+
+def run_ranks(tmp_path, case, world):
+    """Runs this file's worker for `case` on `world` ranks; fails with every failing rank's output."""
+    init = tmp_path / "rendezvous"
+    procs = [subprocess.Popen([sys.executable, __file__, case, str(rank), str(world), str(init)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for rank in range(world)]
+    failures = []
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"rank {rank} of {world} still running after {TIMEOUT_S} s (a collective left waiting?)")
+        if p.returncode != 0:
+            failures.append(f"rank {rank} of {world} exited {p.returncode}:\n{out}")
+    assert not failures, "\n".join(failures)
+
+
+# ---- what the ranks run -----------------------------------------------------------------------------------------
+
+SPLITS = {2: [23, 18], 3: [1, 30, 10]}  # unequal slices of a 41-class vocabulary; one slice of a single class
+V = 41
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def full_inputs(dtype, shape=(5, 6), target_dtype=torch.int64, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*shape, V, generator=g) * 3).to(dtype)
+    t = torch.randint(0, V, shape, generator=g)
+    t.view(-1)[::4] = -100
+    return x, t.to(target_dtype) if target_dtype != torch.uint8 else t.clamp(min=0).to(torch.uint8)
+
+
+def my_slice(x, rank, world):
+    sizes = SPLITS[world]
+    start = sum(sizes[:rank])
+    return x[..., start:start + sizes[rank]], start
+
+
+def reference(x, t, kw, upstream):
+    """torch's loss and gradient on the full logits, in float64 (class dim moved to 1 as torch takes it), and
+    torch's own in the input's dtype (for the 16-bit comparison)."""
+    out = []
+    for dtype in (torch.float64, x.dtype):
+        xr = x.detach().to(dtype).requires_grad_()
+        z = xr * kw.get("logit_scale", 1.0)
+        cap = kw.get("softcap", 0.0)
+        if cap:
+            z = cap * torch.tanh(z / cap)
+        ignore = kw.get("ignore_index", -100)
+        loss = F.cross_entropy(z.movedim(-1, 1), t.long(), ignore_index=ignore, reduction="none",
+                               label_smoothing=kw.get("label_smoothing", 0.0))
+        zs = kw.get("z_loss_scale", 0.0)
+        if zs:
+            loss = loss + torch.where(t.long() == ignore, 0.0, zs * torch.logsumexp(z, -1) ** 2)
+        red = kw.get("reduction", "mean")
+        if red == "mean":
+            loss = loss.sum() / (t.long() != ignore).sum()
+        elif red == "sum":
+            loss = loss.sum()
+        (grad,) = torch.autograd.grad(loss, xr, upstream(loss))
+        out.append((loss.detach(), grad))
+    return out
+
+
+def check_against(ours, ref64, theirs, dtype, what):
+    ours, ref64, theirs = ours.double(), ref64.double(), theirs.double()
+    assert ours.shape == ref64.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
+    assert torch.equal(ours.isnan(), ref64.isnan()), f"{what}: NaN at other places than torch's"
+    ok = ~ref64.isnan()
+    err = (ours[ok] - ref64[ok]).abs().max().item() if ok.any() else 0.0
+    if dtype in (torch.float32, torch.float64):
+        tol = (1e-12 if dtype == torch.float64 else 2e-5) * max(1.0, ref64[ok].abs().max().item() if ok.any() else 1)
+        assert err <= tol, f"{what}: largest error {err:.3g} > {tol:.3g}"
+    else:
+        theirs_err = (theirs[ok] - ref64[ok]).abs().max().item() if ok.any() else 0.0
+        assert err <= theirs_err + 1e-7, f"{what}: largest error {err:.3g}, torch's own {theirs_err:.3g}"
+
+
+def one_case(rank, world, dtype, kw, shape=(5, 6), target_dtype=torch.int64, upstream=lambda l: torch.ones_like(l),
+             give_slice=False, edit=None):
+    x, t = full_inputs(dtype, shape, target_dtype)
+    if edit is not None:
+        edit(x, t)
+    (loss64, grad64), (loss_t, grad_t) = reference(x, t, kw, upstream)
+    mine, start = my_slice(x, rank, world)
+    xs = mine.clone().requires_grad_()
+    extra = dict(vocab_start=start, vocab_size=V) if give_slice else {}
+    loss = vpce(xs, t, **kw, **extra)
+    what = f"rank {rank}/{world} {dtype} {kw} shape {shape} target {target_dtype}"
+    assert loss.dtype == dtype, f"{what}: loss dtype {loss.dtype}"
+    check_against(loss.detach(), loss64, loss_t, dtype, what + " loss")
+    (grad,) = torch.autograd.grad(loss, xs, upstream(loss.detach()).to(loss.dtype))
+    assert grad.dtype == dtype
+    sl = slice(start, start + xs.shape[-1])
+    check_against(grad, grad64[..., sl], grad_t[..., sl], dtype, what + " gradient")
+
+
+def case_values(rank, world):
+    for dtype in DTYPES:
+        for reduction in ("mean", "sum", "none"):
+            one_case(rank, world, dtype, dict(reduction=reduction))
+            one_case(rank, world, dtype, dict(reduction=reduction, label_smoothing=0.1, z_loss_scale=1e-2))
+    def upstream_rows(loss):  # the same per-row upstream gradient at every call
+        g = torch.Generator().manual_seed(11)
+        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.dtype)
+    one_case(rank, world, torch.float32, dict(reduction="none", softcap=4.0, logit_scale=1.5), upstream=upstream_rows)
+    one_case(rank, world, torch.float32, dict(reduction="mean"), upstream=lambda l: torch.full_like(l, 3.7))
+    one_case(rank, world, torch.float32, dict(ignore_index=0, label_smoothing=0.2), give_slice=True,
+             edit=lambda x, t: t.masked_fill_(t == -100, 0))  # ignore_index 0, a class of the first slice
+    for target_dtype in (torch.uint8, torch.int16, torch.int32):
+        one_case(rank, world, torch.float32, dict(reduction="sum"), target_dtype=target_dtype)
+    one_case(rank, world, torch.float32, dict(), shape=(7,))  # (N, V_rank)
+    one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4))
+
+
+def case_edges(rank, world):
+    def masked(x, t):  # a row -inf but in the last class (held by the last slice), rows of only -inf
+        x[0, 0, :-1] = -math.inf
+        t[0, 0] = V - 1
+        x[0, 1, :] = -math.inf
+        x[1, 2, 5] = math.nan  # a NaN row, and an ignored one with a NaN
+        t[1, 3] = -100
+        x[1, 3, 7] = math.nan
+        x[1, 0, :] = -math.inf  # an ignored row of only -inf: torch's gradient is NaN there too
+        t[1, 0] = -100
+    one_case(rank, world, torch.float32, dict(reduction="none"), edit=masked)
+    one_case(rank, world, torch.float32, dict(reduction="sum"), edit=masked)
+    # every row ignored: 'mean' is 0 / 0 = NaN and the gradient 0, as torch
+    one_case(rank, world, torch.float32, dict(ignore_index=5), edit=lambda x, t: t.fill_(5))
+    # a bad target raises IndexError on every rank (none waits in a collective), naming its position and value
+    x, t = full_inputs(torch.float32)
+    t[2, 4] = V
+    mine, _ = my_slice(x, rank, world)
+    try:
+        vpce(mine, t)
+    except IndexError as e:
+        assert f"got {V} at position [2, 4]" in str(e) and f"[0, {V})" in str(e), str(e)
+    else:
+        raise AssertionError("no IndexError for a target past the vocabulary")
+    for bad, match in [(dict(vocab_start=0), "both or neither"), (dict(label_smoothing=1.5), "label_smoothing"),
+                       (dict(vocab_start=V, vocab_size=V), "vocab_start"), (dict(reduction="avg"), "reduction")]:
+        try:
+            vpce(mine, full_inputs(torch.float32)[1], **bad)
+        except ValueError as e:
+            assert match in str(e), str(e)
+        else:
+            raise AssertionError(f"no error for {bad}")
+    # the same after the errors: the ranks are still in step
+    one_case(rank, world, torch.float32, dict())
+
+
+def case_gradcheck(rank, world):
+    x, t = full_inputs(torch.float64, (3, 2))
+    for kw in (dict(), dict(reduction="none", label_smoothing=0.3, softcap=3.0, z_loss_scale=0.05, logit_scale=0.7)):
+        xs = x.clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda a: vpce(a, t, **kw), (xs,))
+    # the loss equals lossfuse's single-device cross_entropy on the same (whole) logits
+    kw = dict(label_smoothing=0.1, softcap=5.0, z_loss_scale=1e-3)
+    torch.testing.assert_close(vpce(x, t, **kw), LF.cross_entropy(x.movedim(-1, 1), t, **kw), rtol=1e-12, atol=0)
+
+
+def worker(case, rank, world, init):
+    import torch.distributed as dist
+    import datetime
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S - 30))
+    try:
+        {"values": case_values, "edges": case_edges, "gradcheck": case_gradcheck}[case](rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- the tests ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_matches_torch_on_the_whole_vocabulary(tmp_path, world):
+    run_ranks(tmp_path, "values", world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_edges_and_errors(tmp_path, world):
+    run_ranks(tmp_path, "edges", world)
+
+
+def test_gradcheck_one_rank(tmp_path):
+    run_ranks(tmp_path, "gradcheck", 1)
+
+
+def test_needs_an_initialized_process_group():
+    x, t = torch.randn(3, 5), torch.tensor([0, 1, 2])
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        vpce(x, t)
+    with pytest.raises(ValueError, match=r"target: expected shape \(3,\)"):
+        vpce(x, t[:2])
+    assert "distributed" in lossfuse.__all__
+
+
+if __name__ == "__main__":
+    try:
+        worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
