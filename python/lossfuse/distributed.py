@@ -5,8 +5,8 @@ holds the logits of one contiguous slice of the classes, shape (..., C_rank), an
 shape (...). vocab_parallel_cross_entropy gives on every rank the cross-entropy over the whole vocabulary, the value
 cross_entropy would give on the logits concatenated along the classes, without gathering anything of size N x V:
 
-  forward   each rank reads its slice once (the lossfuse kernel: the slice's log-sum-exp per row) and picks the
-            target's logit where the target falls in its slice (and, with label smoothing, sums its logits); one
+  forward   each rank reads its slice once (the lossfuse kernel: the slice's log-sum-exp per row, and the sum of its
+            logits for label smoothing) and picks the target's logit where the target falls in its slice; one
             all_gather of these per-row numbers (3 x N floats per rank) gives every rank the full rows' statistics.
   backward  local: each rank writes the gradient of its own slice from the full log-sum-exp (the lossfuse backward
             kernel, one more read of the slice), with no communication.
@@ -22,7 +22,6 @@ from ._common import ArgumentError, acc_dtype, as_argument_error, reduction_code
 __all__ = ["vocab_parallel_cross_entropy"]
 
 _LOCAL_IGNORE = -1  # the ignore_index of the local targets handed to the kernels (never a class of a slice)
-_SUM_ROWS = 4096  # rows per block when the slice's logits are summed for label smoothing (bounds the temporary)
 
 
 def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None, vocab_size=None, ignore_index=-100,
@@ -125,22 +124,25 @@ class _VocabParallelCE(torch.autograd.Function):
         # replaced in backward), _LOCAL_IGNORE for ignored rows.
         t_local = torch.where(mine, t - start, 0).masked_fill_(~valid, _LOCAL_IGNORE)
 
-        # The slice's log-sum-exp per row: one read of the logits.
-        lse_local = torch.ops.lossfuse.cross_entropy(x, t_local, None, 0, _LOCAL_IGNORE, 0.0, scale, softcap, 0.0,
-                                                     False)[1]
+        # The slice's log-sum-exp per row, by one read of the logits. With label smoothing the same pass gives the
+        # sum of the slice's z: the kernel's row loss at label_smoothing 1 is lse - sum(z) / C_rank (for every row
+        # counted; the target does not enter it).
+        loss_local, lse_local = torch.ops.lossfuse.cross_entropy(x, t_local, None, 0, _LOCAL_IGNORE,
+                                                                 1.0 if eps > 0 else 0.0, scale, softcap, 0.0,
+                                                                 False)[:2]
+        stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
+        if eps > 0:
+            stats[2] = (lse_local - loss_local) * classes
         nonfinite = lse_local.isnan()
         if bool(nonfinite.any()):
             # the kernel's NaN also marks a row whose z are all -inf, which in a slice only means that the slice adds
-            # nothing to the row's sum: its log-sum-exp is -inf
-            z_rows = _transform(x[nonfinite].to(acc), scale, softcap)[0]
-            lse_local[nonfinite] = torch.where(torch.isneginf(z_rows).all(1), -torch.inf, lse_local[nonfinite])
+            # nothing to the row's sum: its log-sum-exp is -inf (and its sum of z -inf)
+            none = torch.isneginf(_transform(x[nonfinite].to(acc), scale, softcap)[0]).all(1)
+            lse_local[nonfinite] = torch.where(none, -torch.inf, lse_local[nonfinite])
+            stats[2, nonfinite] = torch.where(none, -torch.inf, stats[2, nonfinite])
         z_target = _transform(x.gather(1, t_local.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc), scale, softcap)[0]
-        stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
         stats[0] = lse_local
         stats[1] = torch.where(mine, z_target, 0)
-        if eps > 0:
-            for r in range(0, x.shape[0], _SUM_ROWS):
-                stats[2, r:r + _SUM_ROWS] = _transform(x[r:r + _SUM_ROWS].to(acc), scale, softcap)[0].sum(1)
 
         gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(group))]
         dist.all_gather(gathered, stats, group=group)

@@ -96,7 +96,9 @@ def check_against(ours, ref64, theirs, dtype, what):
     ours, ref64, theirs = ours.double(), ref64.double(), theirs.double()
     assert ours.shape == ref64.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
     assert torch.equal(ours.isnan(), ref64.isnan()), f"{what}: NaN at other places than torch's"
-    ok = ~ref64.isnan()
+    inf = ref64.isinf()
+    assert torch.equal(ours.isinf(), inf) and torch.equal(ours[inf], ref64[inf]), f"{what}: infinities not torch's"
+    ok = ref64.isfinite()
     err = (ours[ok] - ref64[ok]).abs().max().item() if ok.any() else 0.0
     if dtype in (torch.float32, torch.float64):
         tol = (1e-12 if dtype == torch.float64 else 2e-5) * max(1.0, ref64[ok].abs().max().item() if ok.any() else 1)
@@ -155,6 +157,7 @@ def case_edges(rank, world):
         t[1, 0] = -100
     one_case(rank, world, torch.float32, dict(reduction="none"), edit=masked)
     one_case(rank, world, torch.float32, dict(reduction="sum"), edit=masked)
+    one_case(rank, world, torch.float32, dict(reduction="none", label_smoothing=0.1), edit=masked)  # inf losses
     # every row ignored: 'mean' is 0 / 0 = NaN and the gradient 0, as torch
     one_case(rank, world, torch.float32, dict(ignore_index=5), edit=lambda x, t: t.fill_(5))
     # a bad target raises IndexError on every rank (none waits in a collective), naming its position and value
