@@ -232,19 +232,18 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
-    if (type(input) is _Tensor and type(target) is _Tensor and weight is None and size_average is None
-            and reduce is None and not return_lse and not return_z_loss and type(ignore_index) is int
-            and type(reduction) is str and input.requires_grad and input.dim() == 2 and target.dim() == 1
+    red = _TRAINING_REDUCTIONS.get(reduction) if type(reduction) is str else None
+    if (red is not None and type(input) is _Tensor and type(target) is _Tensor and weight is None
+            and size_average is None and reduce is None and not return_lse and not return_z_loss
+            and type(ignore_index) is int and input.requires_grad and input.dim() == 2 and target.dim() == 1
             and _training_step_eager(input, target)):
-        red = _TRAINING_REDUCTIONS.get(reduction)
-        if red is not None:
-            # the training step's common call: the road below's conditions in fewer Python operations (each costs
-            # cache misses when the step's other work has evicted this code), to the same op with the same arguments
-            scalars = float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale)
-            try:
-                return _cross_entropy_eager(input, target, None, red, ignore_index, *scalars)[0]
-            except ValueError as e:
-                raise as_argument_error(e) from None
+        # the training step's common call: the road below's conditions in fewer Python operations (each costs cache
+        # misses when the step's other work has evicted this code), to the same op with the same arguments
+        scalars = float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale)
+        try:
+            return _cross_entropy_eager(input, target, None, red, ignore_index, *scalars)[0]
+        except ValueError as e:
+            raise as_argument_error(e) from None
     check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)

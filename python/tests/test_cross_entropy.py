@@ -626,15 +626,23 @@ def test_autocast_gradient_is_rounded_once(dtype, reduction, upstream):
     assert off[1] <= off[0] + ref.numel() // 1000, f"elements off the once-rounded value: lossfuse {off[1]}, torch {off[0]}"
 
 
-@pytest.mark.parametrize("path", ["eager", "registered", "linear"])
+class _PassThroughMode(torch.overrides.TorchFunctionMode):
+    """A torch function mode that changes nothing: under it a cross_entropy call takes the registered op's road."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", ["eager", "registered", "mode", "linear"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("upstream", [math.nan, math.inf, -math.inf])
 def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduction, upstream):
     """A NaN or infinite upstream gradient (a diverged step, or a loss scaler's overflow): torch's gradient is 0 on the
     ignored rows and non-finite on the others. Ours, made in the forward for an upstream gradient of 1 and scaled in
-    place, was NaN on the ignored rows (0 * NaN). Paths: the eager C++ node; the registered op (autocast's float32
-    loss of bfloat16 logits); linear_cross_entropy's input gradient. A row with a NaN logit is NaN for both, ignored
+    place, was NaN on the ignored rows (0 * NaN). Paths: the eager C++ node; the registered op with the forward's
+    gradient handed over (under a torch function mode) and with autocast's float32 loss of bfloat16 logits;
+    linear_cross_entropy's input gradient. A row with a NaN logit is NaN for both, ignored
     or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition gives NaN at the
     target (inf * (p - 1) through log_softmax's backward) where ours is the limit, -inf: there the ignored rows and
     which rows are all finite are compared."""
@@ -646,7 +654,8 @@ def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduc
     t[6] = -100
     w_lin = torch.randn(40, 16, generator=g).to(dtype)
     h0 = torch.randn(8, 16, generator=g).to(dtype)
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if path == "registered" else contextlib.nullcontext()
+    ctx = {"registered": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+           "mode": _PassThroughMode}.get(path, contextlib.nullcontext)()
     grads = []
     for ce in (F.cross_entropy, LF.cross_entropy):
         if path == "linear":
@@ -660,7 +669,7 @@ def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduc
             x = (x0 if path == "eager" else x0.bfloat16()).clone().requires_grad_()
             with ctx:
                 loss = ce(x, t, reduction=reduction)
-            (gr,) = torch.autograd.grad(loss, x, torch.tensor(upstream, dtype=loss.dtype))
+                (gr,) = torch.autograd.grad(loss, x, torch.tensor(upstream, dtype=loss.dtype))
         grads.append(gr)
     theirs, ours = grads
     ignored = t == -100
@@ -678,3 +687,64 @@ def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduc
         assert torch.equal(ours.isnan(), theirs.isnan())
     else:
         assert torch.equal(ours.isfinite().all(1), theirs.isfinite().all(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("options", [{}, dict(reduction="sum"), dict(label_smoothing=0.1, ignore_index=2),
+                                     dict(softcap=3.0, z_loss_scale=1e-3, logit_scale=0.5), dict(target=torch.uint8)],
+                         ids=str)
+def test_training_call_fast_path_is_the_general_road(monkeypatch, dtype, options):
+    """cross_entropy's fast path for the common training call (plain 2-D logits requiring grad, 1-D class targets,
+    nothing tracing or casting) is taken there and gives the general road's loss, gradient and errors to the bit."""
+    from lossfuse import _cross_entropy as ce_module
+    real = ce_module._training_step_eager
+    taken = []
+    monkeypatch.setattr(ce_module, "_training_step_eager", lambda *a: taken.append(real(*a)) or taken[-1])
+    options = dict(options)
+    g = torch.Generator().manual_seed(8)
+    x0 = (torch.randn(12, 30, generator=g) * 2).to(dtype)
+    t = torch.randint(0, 30, (12,), generator=g).to(options.pop("target", torch.int64))
+    results = []
+    for fast in (True, False):
+        if not fast:  # the general road, forced
+            monkeypatch.setattr(ce_module, "_training_step_eager", lambda *a: False)
+        x = x0.clone().requires_grad_()
+        loss = LF.cross_entropy(x, t, **options)
+        (gr,) = torch.autograd.grad(loss, x, torch.tensor(1.7, dtype=loss.dtype))
+        with pytest.raises(IndexError, match=r"got 30 at position \[3\]") as bad_target:
+            LF.cross_entropy(x, t.clone().index_fill_(0, torch.tensor([3]), 30), **options)
+        with pytest.raises(ValueError, match="label_smoothing") as bad_option:
+            LF.cross_entropy(x, t, **{**options, "label_smoothing": 1.5})
+        results.append((loss, gr, str(bad_target.value), str(bad_option.value)))
+        if fast:
+            assert taken == [True, True, True], f"fast path taken: {taken}"
+    (l1, g1, e1, o1), (l2, g2, e2, o2) = results
+    assert l1.dtype == dtype and torch.equal(l1, l2) and torch.equal(g1, g2) and e1 == e2 and o1 == o2
+
+
+def test_training_call_fast_path_not_taken_elsewhere(monkeypatch):
+    """Where the general road goes elsewhere (no grad, autocast casting, a mode, forward AD, torch.func, legacy or
+    extra arguments, a Parameter, unbatched logits), the fast path is not taken."""
+    import torch.autograd.forward_ad as fwAD
+    from lossfuse import _cross_entropy as ce_module
+    real = ce_module._training_step_eager
+    taken = []
+    monkeypatch.setattr(ce_module, "_training_step_eager", lambda *a: taken.append(real(*a)) or taken[-1])
+    x = torch.randn(4, 6, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 3])
+    with torch.no_grad():
+        LF.cross_entropy(x, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LF.cross_entropy(x.bfloat16(), t).dtype == torch.float32
+    with _PassThroughMode():
+        LF.cross_entropy(x, t)
+    with fwAD.dual_level():
+        LF.cross_entropy(fwAD.make_dual(x, torch.ones_like(x)), t)
+    torch.func.grad(lambda a: LF.cross_entropy(a, t))(x.detach())
+    assert taken and not any(taken), taken
+    for kw in (dict(size_average=False), dict(weight=torch.ones(6)), dict(return_lse=True), dict(reduction="none"),
+               dict(ignore_index=torch.tensor(-100))):
+        LF.cross_entropy(x, t, **kw)
+    LF.cross_entropy(torch.nn.Parameter(x.detach()), t)
+    LF.cross_entropy(x[0], t[0])
+    assert not any(taken), taken
