@@ -7,7 +7,8 @@ cross_entropy would give on the logits concatenated along the classes, without g
 
   forward   each rank reads its slice once (the lossfuse kernel: the slice's log-sum-exp per row, and the sum of its
             logits for label smoothing) and picks the target's logit where the target falls in its slice; one
-            all_gather of these per-row numbers (3 x N floats per rank) gives every rank the full rows' statistics.
+            all_gather of these per-row numbers (3 x N floats per rank) gives every rank the full rows' statistics
+            (after a small one that checks the ranks' arguments agree).
   backward  local: each rank writes the gradient of its own slice from the full log-sum-exp (the lossfuse backward
             kernel, one more read of the slice), with no communication.
 
@@ -33,72 +34,120 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
         [vocab_start, vocab_start + C_rank) of the vocabulary; float32, float64, bfloat16 or float16.
     target: class indices into the whole vocabulary, (...), any integer dtype, the same on every rank.
     vocab_start, vocab_size: this rank's first class and the vocabulary's size. Both or neither: when not given,
-        the slices are taken to follow rank order (rank 0 holds the first classes), and one small all_gather of
-        the slices' sizes finds them.
+        the slices follow rank order (rank 0 holds the first classes).
     ignore_index, reduction ('none', 'mean', 'sum'), label_smoothing: as torch.nn.functional.cross_entropy.
     logit_scale, softcap, z_loss_scale: as lossfuse.nn.functional.cross_entropy (z = softcap tanh(logit_scale x /
         softcap); z_loss_scale lse^2 added per row).
 
     Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype. Backward gives
     each rank the gradient of its own logits. Every rank of the group must call it, with the same target and
-    options (it runs collectives). A target outside [0, vocab_size) but for ignore_index raises IndexError on
-    every rank, naming its position and value.
+    options. A call runs two all_gathers: first a few numbers per rank (its slice, the targets' range and a
+    checksum of the targets and options, whether its own argument checks passed), so that a bad argument on any
+    rank makes every rank raise (none is left waiting in a collective), slices that do not tile the vocabulary
+    once or targets and options that differ between ranks raise, and a target outside [0, vocab_size) but for
+    ignore_index raises IndexError naming its position and value; then the per-row statistics.
     """
     name = "vocab_parallel_cross_entropy"
-    if not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor):
-        raise TypeError(f"{name}(): input and target must be tensors, got {type(input).__name__} and "
-                        f"{type(target).__name__}")
-    if not input.is_floating_point():
-        raise ArgumentError(f"lossfuse: {name}: input: expected floating logits, got {input.dtype}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise ArgumentError(f"lossfuse: {name}: target: expected class indices of an integer dtype, got "
-                            f"{target.dtype}")
-    if input.dim() < 1 or tuple(input.shape[:-1]) != tuple(target.shape):
-        raise ArgumentError(f"lossfuse: {name}: target: expected shape {tuple(input.shape[:-1])} (the logits' shape "
-                            f"without the classes), got {tuple(target.shape)}")
-    classes = input.shape[-1]
-    if classes < 1:
-        raise ArgumentError(f"lossfuse: {name}: input: expected at least one class on this rank, got 0")
-    red = reduction_code(reduction, legacy_names=False)
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ArgumentError(f"lossfuse: {name}: label_smoothing: expected a value in [0, 1], got {label_smoothing}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"lossfuse: {name}: torch.distributed is not initialized (init_process_group first)")
-    if (vocab_start is None) != (vocab_size is None):
-        raise ArgumentError(f"lossfuse: {name}: vocab_start and vocab_size: expected both or neither, got "
-                            f"{vocab_start} and {vocab_size}")
-    if vocab_start is None:
-        vocab_start, vocab_size = _slice_of(classes, input.device, group)
-    vocab_start, vocab_size = int(vocab_start), int(vocab_size)
-    if vocab_start < 0 or vocab_start + classes > vocab_size:
-        raise ArgumentError(f"lossfuse: {name}: vocab_start: expected this rank's {classes} classes from vocab_start "
-                            f"to lie in [0, vocab_size = {vocab_size}), got vocab_start {vocab_start}")
-    _check_targets(name, target, vocab_size, int(ignore_index))
-    options = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap),
-               float(z_loss_scale), vocab_start, vocab_size, group)
+    error, args = _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction,
+                                   label_smoothing, logit_scale, softcap, z_loss_scale)
+    vocab_start, vocab_size = _agree(name, input, target, vocab_start, vocab_size, error, args, group)
+    red, ignore_index, eps, scale, cap, zs = args
     try:
-        return _VocabParallelCE.apply(input, target, options)
+        return _VocabParallelCE.apply(input, target, (red, ignore_index, eps, scale, cap, zs, vocab_start,
+                                                      vocab_size, group))
     except ValueError as e:
         raise as_argument_error(e) from None
 
 
-def _slice_of(classes, device, group):
-    """(this rank's first class, the vocabulary's size) for slices in rank order, by an all_gather of their sizes."""
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(sizes, torch.tensor([classes], dtype=torch.int64, device=device), group=group)
-    sizes = [int(s) for s in sizes]
-    rank = dist.get_rank(group)
-    return sum(sizes[:rank]), sum(sizes)
+def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction, label_smoothing,
+                     logit_scale, softcap, z_loss_scale):
+    """This rank's checks, raising nothing (a rank raising alone would leave the others waiting in a collective):
+    (the error to raise or None, the options as (reduction code, ignore_index, and the four floats))."""
+    try:
+        if not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor):
+            raise TypeError(f"{name}(): input and target must be tensors, got {type(input).__name__} and "
+                            f"{type(target).__name__}")
+        if not input.is_floating_point():
+            raise ArgumentError(f"lossfuse: {name}: input: expected floating logits, got {input.dtype}")
+        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+            raise ArgumentError(f"lossfuse: {name}: target: expected class indices of an integer dtype, got "
+                                f"{target.dtype}")
+        if input.dim() < 1 or tuple(input.shape[:-1]) != tuple(target.shape):
+            raise ArgumentError(f"lossfuse: {name}: target: expected shape {tuple(input.shape[:-1])} (the logits' "
+                                f"shape without the classes), got {tuple(target.shape)}")
+        if input.shape[-1] < 1:
+            raise ArgumentError(f"lossfuse: {name}: input: expected at least one class on this rank, got 0")
+        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), float(label_smoothing),
+                float(logit_scale), float(softcap), float(z_loss_scale))
+        if not 0.0 <= args[2] <= 1.0:
+            raise ArgumentError(f"lossfuse: {name}: label_smoothing: expected a value in [0, 1], got "
+                                f"{label_smoothing}")
+        if (vocab_start is None) != (vocab_size is None):
+            raise ArgumentError(f"lossfuse: {name}: vocab_start and vocab_size: expected both or neither, got "
+                                f"{vocab_start} and {vocab_size}")
+        if vocab_start is not None:
+            first, size = int(vocab_start), int(vocab_size)
+            if first < 0 or first + input.shape[-1] > size:
+                raise ArgumentError(f"lossfuse: {name}: vocab_start: expected this rank's {input.shape[-1]} classes "
+                                    f"from vocab_start to lie in [0, vocab_size = {size}), got vocab_start {first}")
+        return None, args
+    except (TypeError, ValueError) as e:
+        return (e if isinstance(e, TypeError) else as_argument_error(e)), None
 
 
-def _check_targets(name, target, vocab_size, ignore_index):
-    t = target.long()
-    bad = (t != ignore_index) & ((t < 0) | (t >= vocab_size))
-    if bool(bad.any()):
+def _agree(name, input, target, vocab_start, vocab_size, error, args, group):
+    """One small all_gather of every rank's slice, rows, targets' range and checksum, options, and whether its own
+    checks failed: every rank then raises together, or finds its (vocab_start, vocab_size). Checked here, the same on
+    every rank: the slices tile [0, vocab_size) once (in rank order when none is given), the targets and options
+    are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index."""
+    device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+    mine = [1, 0, -1, -1, 0, 0, 0, 0]  # failed, classes, vocab_start, vocab_size, rows, min, max, checksum
+    if error is None:
+        t = target.reshape(-1).long()
+        counted = t[t != args[1]]
+        weights = torch.arange(t.numel(), device=t.device) % 8191 + 1  # a checksum sensitive to order
+        mine = [0, input.shape[-1], -1 if vocab_start is None else int(vocab_start),
+                -1 if vocab_size is None else int(vocab_size), t.numel(),
+                int(counted.min()) if counted.numel() else 0, int(counted.max()) if counted.numel() else 0,
+                (int((t * weights).sum()) ^ hash(args)) & ((1 << 62) - 1)]
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    infos = [torch.zeros(len(mine), dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(infos, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
+    infos = [i.tolist() for i in infos]
+
+    failed = [r for r, i in enumerate(infos) if i[0]]
+    if failed:
+        if error is not None:
+            raise error
+        raise ArgumentError(f"lossfuse: {name}: rank(s) {failed} of the group failed their argument checks (their "
+                            "error says why); every rank raises so that none is left waiting in a collective")
+    if len({i[4] for i in infos}) > 1 or len({i[7] for i in infos}) > 1:
+        raise ArgumentError(f"lossfuse: {name}: target and options: expected the same on every rank, got "
+                            f"targets of {[i[4] for i in infos]} rows (by rank) or different targets or options")
+    classes = [i[1] for i in infos]
+    starts = [i[2] for i in infos]
+    if all(s < 0 for s in starts):  # rank order
+        vocab = sum(classes)
+        starts = [sum(classes[:r]) for r in range(world)]
+    else:
+        vocab = infos[0][3]
+        spans = sorted((i[2], i[2] + i[1], r) for r, i in enumerate(infos))
+        tiled = spans[0][0] == 0 and spans[-1][1] == vocab and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        if min(starts) < 0 or len({i[3] for i in infos}) > 1 or not tiled:
+            raise ArgumentError(f"lossfuse: {name}: vocab_start, vocab_size: expected the ranks' slices to cover "
+                                f"[0, vocab_size) once, got {[(r, a, b) for a, b, r in spans]} (rank, start, end) "
+                                f"and vocab_size {[i[3] for i in infos]} by rank")
+    low, high = infos[0][5], infos[0][6]
+    if low < 0 or high >= vocab:
+        t = target.long()
+        bad = (t != args[1]) & ((t < 0) | (t >= vocab))
         first = int(bad.reshape(-1).nonzero()[0])
         position = [int(i) for i in torch.unravel_index(torch.tensor(first), tuple(target.shape))]
-        raise IndexError(f"lossfuse: {name}: target: expected a class index in [0, {vocab_size}) or ignore_index "
-                         f"({ignore_index}), got {int(t.reshape(-1)[first])} at position {position}")
+        raise IndexError(f"lossfuse: {name}: target: expected a class index in [0, {vocab}) or ignore_index "
+                         f"({args[1]}), got {int(t.reshape(-1)[first])} at position {position}")
+    return starts[rank], vocab
 
 
 def _transform(x, logit_scale, softcap):
@@ -131,15 +180,16 @@ class _VocabParallelCE(torch.autograd.Function):
                                                                  1.0 if eps > 0 else 0.0, scale, softcap, 0.0,
                                                                  False)[:2]
         stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
+        odd = lse_local.isnan()
         if eps > 0:
             stats[2] = (lse_local - loss_local) * classes
-        nonfinite = lse_local.isnan()
-        if bool(nonfinite.any()):
-            # the kernel's NaN also marks a row whose z are all -inf, which in a slice only means that the slice adds
-            # nothing to the row's sum: its log-sum-exp is -inf (and its sum of z -inf)
-            none = torch.isneginf(_transform(x[nonfinite].to(acc), scale, softcap)[0]).all(1)
-            lse_local[nonfinite] = torch.where(none, -torch.inf, lse_local[nonfinite])
-            stats[2, nonfinite] = torch.where(none, -torch.inf, stats[2, nonfinite])
+            odd |= loss_local.isnan()  # a local target logit of -inf: the kernel's 0 * inf in the unused target term
+        if bool(odd.any()):
+            # The kernel's NaN lse also marks a row whose z are all -inf, which in a slice only means that the slice
+            # adds nothing to the row's sum: its log-sum-exp is -inf. These rows' sums of z are taken directly.
+            z_rows = _transform(x[odd].to(acc), scale, softcap)[0]
+            lse_local[odd] = torch.where(torch.isneginf(z_rows).all(1), -torch.inf, lse_local[odd])
+            stats[2, odd] = z_rows.sum(1) if eps > 0 else 0
         z_target = _transform(x.gather(1, t_local.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc), scale, softcap)[0]
         stats[0] = lse_local
         stats[1] = torch.where(mine, z_target, 0)

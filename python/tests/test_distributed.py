@@ -158,6 +158,16 @@ def case_edges(rank, world):
     one_case(rank, world, torch.float32, dict(reduction="none"), edit=masked)
     one_case(rank, world, torch.float32, dict(reduction="sum"), edit=masked)
     one_case(rank, world, torch.float32, dict(reduction="none", label_smoothing=0.1), edit=masked)  # inf losses
+
+    def holes(x, t):  # -inf at a target, and at each slice's first class in rows whose target is elsewhere
+        t[1, 1] = 3
+        x[1, 1, 3] = -math.inf
+        for c in (0, 1, 23, 31):
+            x[0, 2, c] = -math.inf
+        t[0, 2] = 40
+    for reduction in ("none", "mean"):
+        one_case(rank, world, torch.float32, dict(reduction=reduction, label_smoothing=0.1), edit=holes)
+        one_case(rank, world, torch.float32, dict(reduction=reduction), edit=holes)
     # every row ignored: 'mean' is 0 / 0 = NaN and the gradient 0, as torch
     one_case(rank, world, torch.float32, dict(ignore_index=5), edit=lambda x, t: t.fill_(5))
     # a bad target raises IndexError on every rank (none waits in a collective), naming its position and value
@@ -178,8 +188,37 @@ def case_edges(rank, world):
             assert match in str(e), str(e)
         else:
             raise AssertionError(f"no error for {bad}")
+    # An argument bad on one rank only: every rank raises (the others name it), and the next call is right.
+    last = rank == world - 1
+    x, t = full_inputs(torch.float32)
+    mine, start = my_slice(x, rank, world)
+    for what, call in [("vocab_start", lambda: vpce(mine, t, vocab_start=-1 if last else start, vocab_size=V)),
+                       ("at least one class", lambda: vpce(mine[..., :0] if last else mine, t)),
+                       ("expected shape", lambda: vpce(mine, t[:, :2] if last else t))]:
+        try:
+            call()
+        except ValueError as e:
+            assert (what if last else f"rank(s) [{world - 1}]") in str(e), str(e)
+        else:
+            raise AssertionError(f"no error on rank {rank} for a bad {what} on rank {world - 1}")
+        one_case(rank, world, torch.float32, dict())
+    # What only the ranks together can see, raised on every rank: slices that do not tile the vocabulary once,
+    # targets or options that differ between ranks.
+    t_other = t.clone()
+    if rank == 0:
+        t_other[0, 1] = (int(t_other[0, 1]) + 1) % V
+    for what, call in [("cover [0, vocab_size) once", lambda: vpce(mine, t, vocab_start=0, vocab_size=V)),
+                       ("the same on every rank", lambda: vpce(mine, t_other)),
+                       ("the same on every rank", lambda: vpce(mine, t, label_smoothing=0.1 if last else 0.0))]:
+        try:
+            call()
+        except ValueError as e:
+            assert what in str(e), str(e)
+        else:
+            raise AssertionError(f"no error for {what}")
     # the same after the errors: the ranks are still in step
     one_case(rank, world, torch.float32, dict())
+    one_case(rank, world, torch.float32, dict(label_smoothing=0.1), give_slice=True)
 
 
 def case_gradcheck(rank, world):
@@ -226,8 +265,6 @@ def test_needs_an_initialized_process_group():
         pytest.skip("a process group is initialized in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
         vpce(x, t)
-    with pytest.raises(ValueError, match=r"target: expected shape \(3,\)"):
-        vpce(x, t[:2])
     assert "distributed" in lossfuse.__all__
 
 
