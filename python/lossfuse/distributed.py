@@ -15,6 +15,9 @@ cross_entropy would give on the logits concatenated along the classes, without g
 Eager mode (autograd, no torch.compile); first derivatives only.
 """
 
+import math
+import struct
+
 import torch
 import torch.distributed as dist
 
@@ -92,8 +95,11 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
             if first < 0 or first + input.shape[-1] > size:
                 raise ArgumentError(f"lossfuse: {name}: vocab_start: expected this rank's {input.shape[-1]} classes "
                                     f"from vocab_start to lie in [0, vocab_size = {size}), got vocab_start {first}")
+        for arg, v in (("ignore_index", args[1]), ("vocab_start", vocab_start), ("vocab_size", vocab_size)):
+            if v is not None and not -(1 << 62) < int(v) < 1 << 62:
+                raise ArgumentError(f"lossfuse: {name}: {arg}: expected a value of magnitude below 2^62, got {v}")
         return None, args
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001  (whatever it is, it is raised on every rank by _agree)
         return (e if isinstance(e, TypeError) else as_argument_error(e)), None
 
 
@@ -103,44 +109,47 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group):
     every rank: the slices tile [0, vocab_size) once (in rank order when none is given), the targets and options
     are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index."""
     device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
-    mine = [1, 0, -1, -1, 0, 0, 0, 0]  # failed, classes, vocab_start, vocab_size, rows, min, max, checksum
+    mine = [1] + [0] * (len(_INFO) - 1)
     if error is None:
-        t = target.reshape(-1).long()
-        counted = t[t != args[1]]
-        weights = torch.arange(t.numel(), device=t.device) % 8191 + 1  # a checksum sensitive to order
-        mine = [0, input.shape[-1], -1 if vocab_start is None else int(vocab_start),
-                -1 if vocab_size is None else int(vocab_size), t.numel(),
-                int(counted.min()) if counted.numel() else 0, int(counted.max()) if counted.numel() else 0,
-                (int((t * weights).sum()) ^ hash(args)) & ((1 << 62) - 1)]
+        try:  # nothing may raise on one rank alone before the all_gather
+            t = target.reshape(-1).long()
+            counted = t[t != args[1]]
+            mine = [0, input.shape[-1], -1 if vocab_start is None else int(vocab_start),
+                    -1 if vocab_size is None else int(vocab_size), _DTYPES.index(input.dtype), t.numel(),
+                    int(counted.min()) if counted.numel() else 0, int(counted.max()) if counted.numel() else 0,
+                    _checksum(t), args[0], args[1]] + [_bits(v) for v in args[2:]]
+        except Exception as e:  # noqa: BLE001
+            error = e if isinstance(e, TypeError) else as_argument_error(e)
+            mine = [1] + [0] * (len(_INFO) - 1)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     infos = [torch.zeros(len(mine), dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(infos, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
-    infos = [i.tolist() for i in infos]
+    infos = [dict(zip(_INFO, i.tolist())) for i in infos]
 
-    failed = [r for r, i in enumerate(infos) if i[0]]
+    failed = [r for r, i in enumerate(infos) if i["failed"]]
     if failed:
         if error is not None:
             raise error
         raise ArgumentError(f"lossfuse: {name}: rank(s) {failed} of the group failed their argument checks (their "
                             "error says why); every rank raises so that none is left waiting in a collective")
-    if len({i[4] for i in infos}) > 1 or len({i[7] for i in infos}) > 1:
-        raise ArgumentError(f"lossfuse: {name}: target and options: expected the same on every rank, got "
-                            f"targets of {[i[4] for i in infos]} rows (by rank) or different targets or options")
-    classes = [i[1] for i in infos]
-    starts = [i[2] for i in infos]
+    differ = [k for k in _INFO[4:] if k not in ("min", "max") and len({i[k] for i in infos}) > 1]
+    if differ:
+        raise ArgumentError(f"lossfuse: {name}: expected the same logits dtype, targets and options on every rank; "
+                            f"these differ: {', '.join(differ)}")
+    classes = [i["classes"] for i in infos]
+    starts = [i["start"] for i in infos]
     if all(s < 0 for s in starts):  # rank order
         vocab = sum(classes)
         starts = [sum(classes[:r]) for r in range(world)]
     else:
-        vocab = infos[0][3]
-        spans = sorted((i[2], i[2] + i[1], r) for r, i in enumerate(infos))
+        vocab = infos[0]["vocab"]
+        spans = sorted((i["start"], i["start"] + i["classes"], r) for r, i in enumerate(infos))
         tiled = spans[0][0] == 0 and spans[-1][1] == vocab and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-        if min(starts) < 0 or len({i[3] for i in infos}) > 1 or not tiled:
+        if min(starts) < 0 or len({i["vocab"] for i in infos}) > 1 or not tiled:
             raise ArgumentError(f"lossfuse: {name}: vocab_start, vocab_size: expected the ranks' slices to cover "
                                 f"[0, vocab_size) once, got {[(r, a, b) for a, b, r in spans]} (rank, start, end) "
-                                f"and vocab_size {[i[3] for i in infos]} by rank")
-    low, high = infos[0][5], infos[0][6]
-    if low < 0 or high >= vocab:
+                                f"and vocab_size {[i['vocab'] for i in infos]} by rank")
+    if min(i["min"] for i in infos) < 0 or max(i["max"] for i in infos) >= vocab:
         t = target.long()
         bad = (t != args[1]) & ((t < 0) | (t >= vocab))
         first = int(bad.reshape(-1).nonzero()[0])
@@ -148,6 +157,32 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group):
         raise IndexError(f"lossfuse: {name}: target: expected a class index in [0, {vocab}) or ignore_index "
                          f"({args[1]}), got {int(t.reshape(-1)[first])} at position {position}")
     return starts[rank], vocab
+
+
+# What _agree gathers from each rank, in order (int64 each).
+_INFO = ("failed", "classes", "start", "vocab", "dtype", "rows", "min", "max", "targets", "reduction",
+         "ignore_index", "label_smoothing", "logit_scale", "softcap", "z_loss_scale")
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _bits(v):
+    """A float option as an int64 of its bits, 0.0 for -0.0 and one NaN for all (equal options, equal bits)."""
+    v = math.nan if v != v else v + 0.0
+    return struct.unpack("<q", struct.pack("<d", v))[0]
+
+
+def _checksum(t):
+    """A checksum of the targets (int64, 1-D): each element mixed with its position by multiplications and shifts in
+    wrapping int64 arithmetic, then summed; any difference in value or order changes it but with probability ~2^-64."""
+    k = (t + 1) * _signed(0x9E3779B97F4A7C15) + torch.arange(t.numel(), device=t.device) * _signed(0xC2B2AE3D27D4EB4F)
+    k = k ^ (k >> 31)
+    k = k * _signed(0x94D049BB133111EB)
+    k = k ^ (k >> 29)
+    return int(k.sum())
+
+
+def _signed(u):
+    return u - (1 << 64) if u >= 1 << 63 else u
 
 
 def _transform(x, logit_scale, softcap):

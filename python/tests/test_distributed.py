@@ -181,7 +181,8 @@ def case_edges(rank, world):
     else:
         raise AssertionError("no IndexError for a target past the vocabulary")
     for bad, match in [(dict(vocab_start=0), "both or neither"), (dict(label_smoothing=1.5), "label_smoothing"),
-                       (dict(vocab_start=V, vocab_size=V), "vocab_start"), (dict(reduction="avg"), "reduction")]:
+                       (dict(vocab_start=V, vocab_size=V), "vocab_start"), (dict(reduction="avg"), "reduction"),
+                       (dict(logit_scale=math.nan), "logit_scale")]:
         try:
             vpce(mine, full_inputs(torch.float32)[1], **bad)
         except ValueError as e:
@@ -194,10 +195,15 @@ def case_edges(rank, world):
     mine, start = my_slice(x, rank, world)
     for what, call in [("vocab_start", lambda: vpce(mine, t, vocab_start=-1 if last else start, vocab_size=V)),
                        ("at least one class", lambda: vpce(mine[..., :0] if last else mine, t)),
-                       ("expected shape", lambda: vpce(mine, t[:, :2] if last else t))]:
+                       ("expected shape", lambda: vpce(mine, t[:, :2] if last else t)),
+                       ("must be tensors", lambda: vpce(mine, t.tolist() if last else t)),
+                       ("cannot convert float infinity",
+                        lambda: vpce(mine, t, ignore_index=math.inf if last else -100)),
+                       ("vocab_size: expected a value of magnitude below 2^62",
+                        lambda: vpce(mine, t, vocab_start=start, vocab_size=2**70 if last else V))]:
         try:
             call()
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             assert (what if last else f"rank(s) [{world - 1}]") in str(e), str(e)
         else:
             raise AssertionError(f"no error on rank {rank} for a bad {what} on rank {world - 1}")
@@ -207,9 +213,15 @@ def case_edges(rank, world):
     t_other = t.clone()
     if rank == 0:
         t_other[0, 1] = (int(t_other[0, 1]) + 1) % V
+    t_swapped = t.clone()  # the same multiset of targets, two swapped: a plain weighted sum would not see it
+    t_swapped[0, :2] = torch.tensor([2, 0]) if rank == 0 else torch.tensor([0, 1])
+    t_ignored = t.clone().masked_fill_(t == -100, -1)
     for what, call in [("cover [0, vocab_size) once", lambda: vpce(mine, t, vocab_start=0, vocab_size=V)),
-                       ("the same on every rank", lambda: vpce(mine, t_other)),
-                       ("the same on every rank", lambda: vpce(mine, t, label_smoothing=0.1 if last else 0.0))]:
+                       ("differ: targets", lambda: vpce(mine, t_other)),
+                       ("differ: targets", lambda: vpce(mine, t_swapped)),
+                       ("differ: label_smoothing", lambda: vpce(mine, t, label_smoothing=0.1 if last else 0.0)),
+                       ("differ: ignore_index", lambda: vpce(mine, t_ignored, ignore_index=-2 if last else -1)),
+                       ("differ: dtype", lambda: vpce(mine.double() if last else mine, t))]:
         try:
             call()
         except ValueError as e:
