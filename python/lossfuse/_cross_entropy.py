@@ -148,9 +148,14 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             _ops.rescale_grad_(grad, applied, grad_loss)
             grad_input = grad
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
-            per_row = ctx.args[0] == 0 and grad_loss.dim()
-            go = grad_loss.unsqueeze(1 if input.dim() >= 2 else 0) if per_row else grad_loss
+            cdim = 1 if input.dim() >= 2 else 0
+            go = grad_loss.unsqueeze(cdim) if ctx.args[0] == 0 and grad_loss.dim() else grad_loss
             grad_input = (grad * go).to(grad.dtype)
+            if not target.is_floating_point():
+                # the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do, whatever the
+                # upstream gradient: scaled by NaN or inf, their zeros would turn NaN. No value is read (this road
+                # is the traced one); under torch.compile the select fuses into the multiply.
+                grad_input = torch.where((target != ctx.args[1]).unsqueeze(cdim), grad_input, grad)
         else:
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
     if ctx.needs_input_grad[1] and target.is_floating_point():

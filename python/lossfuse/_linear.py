@@ -57,6 +57,18 @@ def _lce_setup(ctx, inputs, output):
     ctx.save_for_backward(input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb)
 
 
+def _scaled_traced(g, which, grad_loss, input, target, ignore_index):
+    """A gradient made in the forward for an upstream gradient of 1, scaled on the traced road (no value read).
+    What the ignored rows alone make keeps the forward's values, as torch's does, whatever the upstream gradient
+    (scaled by NaN or inf, their zeros would turn NaN): the input gradient's ignored rows, and the weight's and bias's
+    gradients when every row is ignored."""
+    scaled = (g * grad_loss).to(g.dtype)
+    counted = target != ignore_index
+    if which == 0:
+        return torch.where(counted.unsqueeze(1) if input.dim() == 2 else counted, scaled, g)
+    return torch.where(counted.any(), scaled, g)
+
+
 def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_gb):
     input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb = ctx.saved_tensors
     need = ctx.needs_input_grad
@@ -77,7 +89,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
             if not wanted[i]:
                 continue
             if applied is None:
-                out[i] = (g * grad_loss).to(g.dtype)
+                out[i] = _scaled_traced(g, i, grad_loss, input, target, ctx.args[1])
             elif g is None:  # handed over by an earlier backward of a retained graph: computed anew below
                 again[i] = True
             else:

@@ -633,17 +633,29 @@ class _PassThroughMode(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("path", ["eager", "registered", "mode", "linear"])
+def _compiled(fn):
+    """fn under torch.compile(fullgraph=True), with Inductor's and AOTAutograd's caches off: a cached backward graph
+    from an earlier build of lossfuse would otherwise be reused."""
+    compiled = torch.compile(fn, fullgraph=True)
+
+    def call(*args, **kwargs):
+        with torch._inductor.config.patch(force_disable_caches=True):
+            return compiled(*args, **kwargs)
+    return call
+
+
+@pytest.mark.parametrize("path", ["eager", "registered", "mode", "linear", "compile", "linear_compile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("upstream", [math.nan, math.inf, -math.inf])
 def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduction, upstream):
     """A NaN or infinite upstream gradient (a diverged step, or a loss scaler's overflow): torch's gradient is 0 on the
-    ignored rows and non-finite on the others. Ours, made in the forward for an upstream gradient of 1 and scaled in
-    place, was NaN on the ignored rows (0 * NaN). Paths: the eager C++ node; the registered op with the forward's
+    ignored rows and non-finite on the others. Ours, made in the forward for an upstream gradient of 1 and scaled,
+    was NaN on the ignored rows (0 * NaN). Paths: the eager C++ node; the registered op with the forward's
     gradient handed over (under a torch function mode) and with autocast's float32 loss of bfloat16 logits;
-    linear_cross_entropy's input gradient. A row with a NaN logit is NaN for both, ignored
-    or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition gives NaN at the
+    linear_cross_entropy's input gradient; both under torch.compile (the traced road, where no value is read), with
+    linear_cross_entropy's weight gradient when every row is ignored (torch's is 0). A row with a NaN logit is NaN for
+    both, ignored or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition gives NaN at the
     target (inf * (p - 1) through log_softmax's backward) where ours is the limit, -inf: there the ignored rows and
     which rows are all finite are compared."""
     g = torch.Generator().manual_seed(5)
@@ -656,24 +668,35 @@ def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduc
     h0 = torch.randn(8, 16, generator=g).to(dtype)
     ctx = {"registered": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
            "mode": _PassThroughMode}.get(path, contextlib.nullcontext)()
+    linear = path.startswith("linear")
     grads = []
     for ce in (F.cross_entropy, LF.cross_entropy):
-        if path == "linear":
+        if linear:
+            def f(h, w, t):
+                if ce is F.cross_entropy:
+                    return F.cross_entropy(h @ w.T, t, reduction=reduction)
+                return LF.linear_cross_entropy(h, w, t, reduction=reduction)
+            f = _compiled(f) if path == "linear_compile" and ce is LF.cross_entropy else f
             h = h0.clone().requires_grad_()
-            if ce is F.cross_entropy:
-                loss = F.cross_entropy(h @ w_lin.T, t, reduction=reduction)
-            else:
-                loss = LF.linear_cross_entropy(h, w_lin, t, reduction=reduction)
+            loss = f(h, w_lin, t)
             (gr,) = torch.autograd.grad(loss, h, torch.tensor(upstream, dtype=loss.dtype))
+            if path == "linear_compile":
+                # every row ignored: no row makes the weight's gradient, 0 for torch
+                w = w_lin.clone().requires_grad_()
+                loss = f(h0, w, torch.full_like(t, -100))
+                (gw,) = torch.autograd.grad(loss, w, torch.tensor(upstream, dtype=loss.dtype))
+                assert torch.equal(gw, torch.zeros_like(gw)), ce
         else:
-            x = (x0 if path == "eager" else x0.bfloat16()).clone().requires_grad_()
+            f = _compiled(lambda x, t: ce(x, t, reduction=reduction)) if path == "compile" and ce is LF.cross_entropy \
+                else lambda x, t: ce(x, t, reduction=reduction)
+            x = (x0 if path in ("eager", "compile") else x0.bfloat16()).clone().requires_grad_()
             with ctx:
-                loss = ce(x, t, reduction=reduction)
+                loss = f(x, t)
                 (gr,) = torch.autograd.grad(loss, x, torch.tensor(upstream, dtype=loss.dtype))
         grads.append(gr)
     theirs, ours = grads
     ignored = t == -100
-    if path == "linear":
+    if linear:
         ignored[6] = False  # the linear case has no NaN logit
         assert torch.equal(ours[ignored], torch.zeros_like(ours[ignored]))
         assert torch.equal(theirs[ignored], ours[ignored])
