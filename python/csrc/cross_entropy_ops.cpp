@@ -1,6 +1,7 @@
 // Cross-entropy and NLL as torch ops. The forward can write the gradient in the same pass (compute_grad), so a
 // training step reads the logits once; the backward from the saved log-sum-exp serves reduction 'none' and
 // calls that did not ask for the gradient up front.
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -161,6 +162,93 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager(const at::Ten
   return {out[0], out[1], out[2]};
 }
 
+// cross_entropy(..., inplace=True) in plain eager mode: the forward overwrites the logits with their gradient
+// (upstream gradient 1; GradWrite::in_place), so a training step holds no N x V buffer beyond the logits; the
+// backward scales it in place and hands it over once. torch's own in-place rules apply first (not a leaf that
+// requires grad nor a view of one, not an output of split / chunk / unbind). The logits' version counter is
+// bumped, so an autograd node that saved them (a tanh before the loss, say) raises torch's in-place error in its
+// backward instead of reading the gradient as logits; backward checks the counter in turn, so a change to the
+// logits after the call raises too instead of changing the gradient. Nothing is kept for a second backward
+// through a retained graph or a differentiable backward: both raise, as the logits they would need are gone.
+// Python checks the rest first (reduction, no internal overlap, class-index targets).
+struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInPlace> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                                std::int64_t red, std::int64_t ignore_index, double label_smoothing,
+                                                double logit_scale, double softcap, double z_loss_scale) {
+    TORCH_CHECK(red == 1 || red == 2,
+                "lossfuse: _cross_entropy_eager_inplace: expected reduction 1 (mean) or 2 (sum), got ", red);
+    const auto rows = row_shape(logits);
+    at::Tensor loss = new_loss(logits, rows, red);
+    at::Tensor lse = new_acc(logits, rows);
+    at::Tensor z_loss = new_loss(logits, rows, red);
+    guarded([&] {
+      const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
+      const TensorView x = view(logits, "input");
+      cross_entropy_forward_backward(x, view(target, "target"), o,
+                                     CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
+                                     std::nullopt, x, GradWrite::in_place);
+    });
+    torch::autograd::impl::bump_version(logits);
+    ctx->mark_non_differentiable({lse, z_loss});
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["grad"] = logits.detach();  // the logits' storage, now their gradient (same version counter)
+    ctx->saved_data["version"] = static_cast<std::int64_t>(logits._version());
+    ctx->saved_data["target"] = target;  // for a non-finite upstream gradient's mask of ignored rows
+    ctx->saved_data["ignore_index"] = ignore_index;
+    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type()), lse, z_loss};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(9);
+    const at::Tensor& grad_loss = grads[0];
+    if (!grad_loss.defined()) return out;
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "lossfuse: cross_entropy(inplace=True): a differentiable backward (create_graph=True) needs the "
+                "logits, which the forward overwrote with their gradient; call it with inplace=False");
+    auto held = ctx->saved_data.find("grad");
+    TORCH_CHECK(held != ctx->saved_data.end(),
+                "lossfuse: cross_entropy(inplace=True): the gradient was handed over by an earlier backward through "
+                "this graph, and it cannot be made again: the forward overwrote the logits with it; call it with "
+                "inplace=False to backward more than once");
+    at::Tensor grad = held->second.toTensor();
+    const std::int64_t version = ctx->saved_data["version"].toInt();
+    TORCH_CHECK(grad._version() == version,
+                "lossfuse: cross_entropy(inplace=True): the logits, which hold their gradient since the forward, "
+                "were modified in place after it (version ",
+                grad._version(), ", expected ", version,
+                "); leave them alone until backward, or call it with inplace=False");
+    const at::Tensor target = ctx->saved_data["target"].toTensor();
+    const std::int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    ctx->saved_data.erase("grad");
+    ctx->saved_data.erase("target");
+    const double scale = grad_loss.item<double>();
+    if (!std::isfinite(scale)) {
+      // NaN or inf: the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do. (The logits
+      // are gone, so the gradient is not made again from the lse as in CrossEntropyEager: an inf upstream gradient
+      // gives NaN where a probability underflowed in the stored gradient, where torch's may be inf.)
+      const at::Tensor ignored =
+          target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
+      grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss).to(grad.scalar_type()));
+    } else if (scale != 1.0) {
+      grad.mul_(scale);
+    }
+    out[0] = std::move(grad);
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager_inplace(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight, std::int64_t red,
+    std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap, double z_loss_scale) {
+  // torch's in-place rules, checked here in grad mode (forward runs without it, where they pass everything)
+  torch::autograd::check_inplace(logits, /*requires_grad=*/true);
+  auto out = CrossEntropyEagerInPlace::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale,
+                                             softcap, z_loss_scale);
+  return {out[0], out[1], out[2]};
+}
+
 NllOptions nll_options(const std::optional<at::Tensor>& weight, std::int64_t red, std::int64_t ignore_index) {
   NllOptions o;
   o.reduction = reduction(red);
@@ -206,6 +294,11 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "_cross_entropy_eager(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index, "
       "float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
       "-> (Tensor loss, Tensor lse, Tensor z_loss)");
+  // Internal: cross_entropy(..., inplace=True) in plain eager mode (see CrossEntropyEagerInPlace); not traceable.
+  m.def(
+      "_cross_entropy_eager_inplace(Tensor(a!) input, Tensor target, Tensor? weight, int reduction, "
+      "int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
+      "-> (Tensor loss, Tensor lse, Tensor z_loss)");
   m.def("nll_loss(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index) -> Tensor");
   m.def(
       "nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
@@ -222,4 +315,5 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
   m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager);
+  m.impl("_cross_entropy_eager_inplace", &lossfuse::torch_binding::cross_entropy_eager_inplace);
 }

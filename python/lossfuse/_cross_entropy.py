@@ -3,13 +3,14 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, as_argument_error, autocast_float32, autocasts, check_optional_tensors, check_tensors,
-                      class_target_mean, differentiable_grads, eager_scalar, forward_ad_active, graph_needed,
-                      in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd,
-                      upstream_not_finite)
+from ._common import (acc_dtype, ArgumentError, as_argument_error, autocast_float32, autocasts,
+                      check_optional_tensors, check_tensors, class_target_mean, differentiable_grads, eager_scalar,
+                      forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager,
+                      reduction_code, register_autograd, upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
+_cross_entropy_eager_inplace = torch.ops.lossfuse._cross_entropy_eager_inplace.default
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 # torch's own functions, captured before patch_torch() can replace them: the double-backward path uses them.
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -154,8 +155,9 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             if not target.is_floating_point():
                 # the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do, whatever the
                 # upstream gradient: scaled by NaN or inf, their zeros would turn NaN. No value is read (this road
-                # is the traced one); under torch.compile the select fuses into the multiply.
-                grad_input = torch.where((target != ctx.args[1]).unsqueeze(cdim), grad_input, grad)
+                # is the traced one); under torch.compile the select fuses into the multiply. Compared in int64: a
+                # uint8 target would wrap ignore_index -100 to 156.
+                grad_input = torch.where((target.long() != ctx.args[1]).unsqueeze(cdim), grad_input, grad)
         else:
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
     if ctx.needs_input_grad[1] and target.is_floating_point():
@@ -224,7 +226,7 @@ register_autograd("nll_loss", _nll_backward, _nll_setup, _nll_composition, diffe
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0, *, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, return_lse=False,
-                  return_z_loss=False):
+                  return_z_loss=False, inplace=False):
     """torch.nn.functional.cross_entropy, with lossfuse's extras (keyword-only):
 
     softcap: z = softcap * tanh(logit_scale * x / softcap) replaces the logits (0: off).
@@ -232,13 +234,21 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     logit_scale: multiplies the logits first.
     return_lse: also return the per-row log-sum-exp (float32, float64 for float64 input; no gradient).
     return_z_loss: also return the z-loss term alone (reduced like the loss; no gradient).
+    inplace: when the logits need a gradient, write it over the logits instead of into a buffer of its own (no
+        N x V memory beyond the logits). Afterwards the logits hold their gradient: do not read them. Needs
+        reduction 'mean' or 'sum' and logits that are not a leaf requiring grad (as any in-place op) and whose
+        elements do not share memory. The logits' version counter is bumped, so an autograd node that saved them
+        raises torch's in-place error instead of reading the gradient. The gradient can be handed over once:
+        a second backward through a retained graph, or create_graph=True, raises. Honoured for class-index
+        targets in plain eager mode; under torch.compile, torch.func, a torch function mode, autocast's float32
+        loss of 16-bit logits, or with probability targets the gradient gets a buffer of its own.
     Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
 
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
     red = _TRAINING_REDUCTIONS.get(reduction) if type(reduction) is str else None
-    if (red is not None and type(input) is _Tensor and type(target) is _Tensor and weight is None
+    if (red is not None and not inplace and type(input) is _Tensor and type(target) is _Tensor and weight is None
             and size_average is None and reduce is None and not return_lse and not return_z_loss
             and type(ignore_index) is int and input.requires_grad and input.dim() == 2 and target.dim() == 1
             and _training_step_eager(input, target)):
@@ -275,13 +285,19 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
     input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
+    if inplace and red == 0 and input.requires_grad and torch.is_grad_enabled():
+        raise ArgumentError("lossfuse: cross_entropy_loss: inplace: expected reduction 'mean' or 'sum' (the gradient "
+                            "is written in the forward pass, before a per-row upstream gradient exists), got 'none'")
     args = (input, target, weight) + args
     if compute_grad and not soft and loss_dtype == input.dtype and _plain_eager(args) and not forward_ad_active():
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
         # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's; it returns the loss in
         # the input's dtype (not autocast's float32)
+        if inplace and not _no_internal_overlap(input):
+            raise ArgumentError("lossfuse: cross_entropy_loss: inplace: expected logits whose elements do not share "
+                                f"memory, got strides {tuple(input.stride())} for shape {tuple(input.shape)}")
         try:
-            loss, lse, z_loss = _cross_entropy_eager(*args)
+            loss, lse, z_loss = (_cross_entropy_eager_inplace if inplace else _cross_entropy_eager)(*args)
         except ValueError as e:
             raise as_argument_error(e) from None
     else:
@@ -310,6 +326,18 @@ def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss):
     if return_z_loss:
         out += (z_loss if z_loss.dtype == dtype else z_loss.to(dtype),)
     return out[0] if len(out) == 1 else out
+
+
+def _no_internal_overlap(t):
+    """Whether no two elements of t share memory: with its dims of more than one element ordered by stride, each
+    stride passes the farthest offset the smaller ones reach (sufficient; slices and transposes pass, expanded dims
+    fail)."""
+    reach = 0
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
 
 
 def _check_tensors(name, input, target):
@@ -364,17 +392,18 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 
 class CrossEntropyLoss(_tnn.CrossEntropyLoss):
-    """torch.nn.CrossEntropyLoss; lossfuse's extras (softcap, z_loss_scale, logit_scale) as keyword-only
+    """torch.nn.CrossEntropyLoss; lossfuse's extras (softcap, z_loss_scale, logit_scale, inplace) as keyword-only
     constructor arguments."""
 
-    def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, **kwargs):
+    def __init__(self, *args, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, inplace=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.softcap, self.z_loss_scale, self.logit_scale = softcap, z_loss_scale, logit_scale
+        self.softcap, self.z_loss_scale, self.logit_scale, self.inplace = softcap, z_loss_scale, logit_scale, inplace
 
     def forward(self, input, target):
         return cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
                              reduction=self.reduction, label_smoothing=self.label_smoothing, softcap=self.softcap,
-                             z_loss_scale=self.z_loss_scale, logit_scale=self.logit_scale)
+                             z_loss_scale=self.z_loss_scale, logit_scale=self.logit_scale,
+                             inplace=getattr(self, "inplace", False))  # modules pickled before it existed
 
 
 class NLLLoss(_tnn.NLLLoss):

@@ -63,7 +63,7 @@ def _scaled_traced(g, which, grad_loss, input, target, ignore_index):
     (scaled by NaN or inf, their zeros would turn NaN): the input gradient's ignored rows, and the weight's and bias's
     gradients when every row is ignored."""
     scaled = (g * grad_loss).to(g.dtype)
-    counted = target != ignore_index
+    counted = target.long() != ignore_index  # in int64: a uint8 target would wrap ignore_index -100 to 156
     if which == 0:
         return torch.where(counted.unsqueeze(1) if input.dim() == 2 else counted, scaled, g)
     return torch.where(counted.any(), scaled, g)

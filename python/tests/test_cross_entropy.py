@@ -655,9 +655,9 @@ def test_upstream_gradient_not_finite_keeps_ignored_rows_zero(path, dtype, reduc
     gradient handed over (under a torch function mode) and with autocast's float32 loss of bfloat16 logits;
     linear_cross_entropy's input gradient; both under torch.compile (the traced road, where no value is read), with
     linear_cross_entropy's weight gradient when every row is ignored (torch's is 0). A row with a NaN logit is NaN for
-    both, ignored or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition gives NaN at the
-    target (inf * (p - 1) through log_softmax's backward) where ours is the limit, -inf: there the ignored rows and
-    which rows are all finite are compared."""
+    both, ignored or not. For an upstream NaN the NaN elements must be torch's exactly. For inf, torch's composition
+    gives NaN at the target (inf * (p - 1) through log_softmax's backward) where ours is the limit, -inf: there the
+    ignored rows and which rows are all finite are compared."""
     g = torch.Generator().manual_seed(5)
     x0 = torch.randn(8, 40, generator=g).to(dtype)
     t = torch.randint(0, 40, (8,), generator=g)
@@ -771,3 +771,208 @@ def test_training_call_fast_path_not_taken_elsewhere(monkeypatch):
     LF.cross_entropy(torch.nn.Parameter(x.detach()), t)
     LF.cross_entropy(x[0], t[0])
     assert not any(taken), taken
+
+
+_INPLACE_CASES = {
+    "plain": dict(),
+    "smoothing_ignore": dict(label_smoothing=0.1, ignore_index=3),
+    "softcap_zloss_scale": dict(softcap=3.0, z_loss_scale=1e-3, logit_scale=0.5),
+    "weight": dict(weight=True),
+    "uint8": dict(target=torch.uint8),
+    "spatial": dict(spatial=True),
+}
+
+
+def _inplace_problem(case, dtype):
+    """Logits made by an operation (h @ w.T, so the gradient flows on to h and w), targets, and the options."""
+    opts = dict(_INPLACE_CASES[case])
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(12, 8, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(30, 8, generator=g).to(dtype).requires_grad_()
+    t = torch.randint(0, 30, (12,), generator=g)
+    t[[2, 7]] = opts.get("ignore_index", -100)
+    if opts.pop("weight", False):
+        opts["weight"] = torch.rand(30, generator=g).to(dtype) + 0.5
+    t = t.to(opts.pop("target", torch.int64)) if opts.get("ignore_index", -100) >= 0 or "target" not in opts else \
+        t.clamp(min=0).to(opts.pop("target"))
+    spatial = opts.pop("spatial", False)
+
+    def logits():
+        z = h @ w.T
+        return z.reshape(3, 4, 30).transpose(1, 2) if spatial else z  # (N, C, d) with d = 4: strided classes
+    target = t.reshape(3, 4) if spatial else t
+    return h, w, logits, target, opts
+
+
+@pytest.mark.parametrize("case", list(_INPLACE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.3, math.nan, math.inf])
+def test_inplace_gradient_is_the_separate_one(case, dtype, reduction, upstream):
+    """cross_entropy(inplace=True) writes the gradient over the logits: the loss and the gradients of h and w
+    (through the logits) are those of inplace=False to the bit (within a rounding for the (N, C, d) logits, whose
+    separate gradient has another layout), for every option, with an upstream gradient of 1, of
+    0.3 and NaN (the ignored rows stay 0, as torch's), and the logits hold inplace=False's gradient afterwards.
+    With an inf upstream gradient the ignored rows stay 0 and the same rows are all finite (the logits are gone, so the
+    stored gradient is scaled: a probability that underflowed in it gives NaN where the separate one is inf). For
+    logits that are not a view, the gradient autograd returns for them is their own storage (no buffer of their
+    size is made). (A view written in place gets a new grad_fn from torch, so autograd.grad cannot be asked for it.)"""
+    h, w, logits, target, opts = _inplace_problem(case, dtype)
+    results = []
+    for inplace in (False, True):
+        z = logits()
+        loss = LF.cross_entropy(z, target, reduction=reduction, inplace=inplace, **opts)
+        wrt = (h, w) if inplace and z._is_view() else (z, h, w)
+        grads = torch.autograd.grad(loss, wrt, torch.tensor(upstream, dtype=loss.dtype))
+        if inplace:
+            if len(grads) == 3:
+                assert grads[0].untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
+            grads = (z.detach(),) + grads[-2:]  # the logits hold their gradient
+        else:
+            assert grads[0].untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
+        results.append((loss,) + grads)
+    ignored = (target.long() == opts.get("ignore_index", -100)).reshape(-1)
+    if math.isinf(upstream):
+        rows = [(g.transpose(1, 2).reshape(-1, 30) if g.dim() == 3 else g) for g in (results[0][1], results[1][1])]
+        assert torch.equal(rows[1][ignored], torch.zeros_like(rows[1][ignored]))
+        assert torch.equal(rows[0].isfinite().all(1), rows[1].isfinite().all(1))
+        assert torch.equal(results[0][0], results[1][0])
+        return
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
+        if case == "spatial":
+            # the separate gradient is contiguous where these logits have classes of unit stride: the kernel takes
+            # another (equally exact) road to it, so the two may differ by a rounding
+            ulp = torch.finfo(dtype).eps * max(float(b.detach().nan_to_num().abs().max()), torch.finfo(dtype).tiny)
+            torch.testing.assert_close(a.nan_to_num(), b.nan_to_num(), rtol=2 * torch.finfo(dtype).eps, atol=4 * ulp)
+        else:
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    if math.isnan(upstream):
+        gz = results[1][1]
+        rows = (gz.transpose(1, 2).reshape(-1, 30) if gz.dim() == 3 else gz)[ignored]
+        assert torch.equal(rows, torch.zeros_like(rows))
+
+
+def test_inplace_refuses_what_torch_refuses_and_writes_nothing():
+    """Where the logits need a gradient, inplace=True needs reduction 'mean' or 'sum' and logits whose elements do
+    not share memory (else an ArgumentError naming inplace), and torch's own in-place rules hold (torch's
+    RuntimeError for a leaf that requires grad, a view of one, an output of chunk); the logits are left as they
+    were. Slices and transposes (no element shared) are written in place, with the separate path's results."""
+    x = torch.randn(4, 10, requires_grad=True)
+    y = torch.randint(0, 10, (4,))
+    z = x * 2
+    cases = [(z, dict(reduction="none"), lossfuse.ArgumentError, "inplace: expected reduction 'mean' or 'sum'"),
+             ((x * 1)[:1].expand(4, 10), {}, lossfuse.ArgumentError, "inplace: expected logits whose elements"),
+             (x, {}, RuntimeError, "a leaf Variable that requires grad"),
+             (x[1:], {}, RuntimeError, "a view of a leaf Variable"),
+             ((x * 1).chunk(2)[1], {}, RuntimeError, "is a view and is being modified inplace")]
+    for logits, kw, error, message in cases:
+        before = logits.detach().clone()
+        with pytest.raises(error, match=message):
+            LF.cross_entropy(logits, y[: logits.shape[0]], inplace=True, **kw)
+        assert torch.equal(logits.detach(), before)
+    w = torch.randn(64, 5, requires_grad=True)
+    h = torch.randn(6, 5)
+    for view in (lambda z: z[:, :50], lambda z: z[::2], lambda z: z.t().t()[1:, 3:40]):
+        results = []
+        for inplace in (False, True):
+            logits = view(h @ w.T)
+            target = torch.arange(logits.shape[0]) % logits.shape[1]
+            loss = LF.cross_entropy(logits, target, inplace=inplace)
+            results.append((loss, *torch.autograd.grad(loss, w)))
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_inplace_is_safe_where_the_logits_are_needed_again():
+    """The logits' version counter is bumped: a node that saved them (tanh keeps its output) raises torch's
+    in-place error in backward instead of using the gradient as logits. The gradient is handed over once: a second
+    backward through a retained graph, and create_graph=True, raise (the logits they would need are gone)."""
+    x = torch.randn(4, 10, requires_grad=True)
+    y = torch.randint(0, 10, (4,))
+    loss = LF.cross_entropy(torch.tanh(x), y, inplace=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    z = x * 2
+    loss = LF.cross_entropy(z, y, inplace=True)
+    loss.backward(retain_graph=True)
+    expected = x.grad.clone()
+    with pytest.raises(RuntimeError, match="handed over by an earlier backward"):
+        loss.backward()
+    assert torch.equal(x.grad, expected)
+    loss = LF.cross_entropy(x * 2, y, inplace=True)
+    with pytest.raises(RuntimeError, match="create_graph"):
+        torch.autograd.grad(loss, x, create_graph=True)
+    # the logits, now their gradient, changed after the call (or written over by a second call): backward raises
+    for change in (lambda z: z.mul_(0), lambda z: LF.cross_entropy(z, y, inplace=True)):
+        z = x * 2
+        loss = LF.cross_entropy(z, y, inplace=True)
+        change(z)
+        with pytest.raises(RuntimeError, match="modified in place after it"):
+            torch.autograd.grad(loss, x)
+
+
+@pytest.mark.parametrize("where", ["no_grad", "no_requires_grad", "compile", "autocast", "probabilities",
+                                   "function_mode"])
+def test_inplace_elsewhere_leaves_the_logits(where):
+    """Where the logits need no gradient, or the call is traced or cast (torch.compile, a torch function mode,
+    autocast's float32 loss of bfloat16 logits) or the targets are probabilities, inplace=True writes nothing
+    over the logits, and the loss and gradient are inplace=False's."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 20, generator=g, dtype=torch.bfloat16 if where == "autocast" else torch.float32)
+    x.requires_grad_(where != "no_requires_grad")
+    y = torch.randn(6, 20, generator=g).softmax(1) if where == "probabilities" else torch.randint(0, 20, (6,),
+                                                                                                   generator=g)
+    fn = _compiled(LF.cross_entropy) if where == "compile" else LF.cross_entropy
+    ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+           "function_mode": _PassThroughMode}.get(where, contextlib.nullcontext)
+    results = []
+    for inplace in (False, True):
+        z = x * 1
+        before = z.detach().clone()
+        with ctx():
+            loss = fn(z, y, inplace=inplace) if where != "compile" else fn(z, y, inplace=inplace)
+            grads = torch.autograd.grad(loss, x) if loss.requires_grad else ()
+        assert torch.equal(z.detach(), before), "the logits must be left as they were"
+        results.append((loss, *grads))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_inplace_module():
+    """lossfuse.nn.CrossEntropyLoss(inplace=True) passes it on."""
+    z = torch.randn(5, 9, requires_grad=True) * 1
+    y = torch.randint(0, 9, (5,))
+    loss = lossfuse.nn.CrossEntropyLoss(inplace=True, label_smoothing=0.1)(z, y)
+    (g,) = torch.autograd.grad(loss, z)
+    assert g.untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
+    assert lossfuse.nn.CrossEntropyLoss().inplace is False
+
+
+@pytest.mark.parametrize("path", ["compile", "linear_compile", "inplace"])
+def test_non_finite_upstream_with_uint8_targets_past_155(path):
+    """uint8 targets of classes 156 and up with ignore_index -100: the rows that keep their values for a NaN
+    upstream gradient are picked by comparing in int64 (in uint8, -100 wraps to 156 and a row of class 156 would
+    pass for ignored, keeping a finite gradient where torch's is NaN)."""
+    g = torch.Generator().manual_seed(2)
+    t = torch.tensor([156, 3, 200, 156, 7, 250])
+    x0 = torch.randn(6, 256, generator=g)
+    h0, w0 = torch.randn(6, 8, generator=g), torch.randn(256, 8, generator=g)
+    grads = []
+    for ours in (False, True):
+        target = t.to(torch.uint8) if ours else t
+        if path == "linear_compile":
+            wrt = h0.clone().requires_grad_()
+            f = _compiled(lambda h, tt: LF.linear_cross_entropy(h, w0, tt)) if ours else \
+                (lambda h, tt: F.cross_entropy(h @ w0.T, tt))
+            loss = f(wrt, target)
+        else:
+            wrt = x0.clone().requires_grad_()
+            if not ours:
+                loss = F.cross_entropy(wrt, target)
+            elif path == "compile":
+                loss = _compiled(lambda x, tt: LF.cross_entropy(x, tt))(wrt, target)
+            else:
+                loss = LF.cross_entropy(wrt * 1, target, inplace=True)
+        (gr,) = torch.autograd.grad(loss, wrt, torch.tensor(math.nan))
+        grads.append(gr)
+    assert grads[0].isnan().all() and torch.equal(grads[0].isnan(), grads[1].isnan())
