@@ -224,6 +224,9 @@ struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInP
     ctx->saved_data.erase("grad");
     ctx->saved_data.erase("target");
     const double scale = grad_loss.item<double>();
+    // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
+    // saved another view of it after the call (still logits there) must not fail its check.
+    const at::AutoDispatchBelowADInplaceOrView below_version_bump;
     if (!std::isfinite(scale)) {
       // NaN or inf: the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do. (The logits
       // are gone, so the gradient is not made again from the lse as in CrossEntropyEager: an inf upstream gradient

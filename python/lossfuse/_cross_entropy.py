@@ -238,7 +238,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         N x V memory beyond the logits). Afterwards the logits hold their gradient: do not read them. Needs
         reduction 'mean' or 'sum' and logits that are not a leaf requiring grad (as any in-place op) and whose
         elements do not share memory. The logits' version counter is bumped, so an autograd node that saved them
-        raises torch's in-place error instead of reading the gradient. The gradient can be handed over once:
+        raises torch's in-place error instead of reading the gradient, and backward raises if the logits changed
+        after the call (the counter is shared by every view of a tensor: two in-place calls on views of one tensor
+        raise, as torch's own checks do; give each call logits of its own). The gradient can be handed over once:
         a second backward through a retained graph, or create_graph=True, raises. Honoured for class-index
         targets in plain eager mode; under torch.compile, torch.func, a torch function mode, autocast's float32
         loss of 16-bit logits, or with probability targets the gradient gets a buffer of its own.

@@ -902,13 +902,31 @@ def test_inplace_is_safe_where_the_logits_are_needed_again():
     loss = LF.cross_entropy(x * 2, y, inplace=True)
     with pytest.raises(RuntimeError, match="create_graph"):
         torch.autograd.grad(loss, x, create_graph=True)
-    # the logits, now their gradient, changed after the call (or written over by a second call): backward raises
-    for change in (lambda z: z.mul_(0), lambda z: LF.cross_entropy(z, y, inplace=True)):
+    # the logits, now their gradient, changed after the call (or written over by a second call, also through another
+    # view of the same tensor, as torch's checks): backward raises
+    for rows, change in ((slice(None), lambda z: z.mul_(0)),
+                         (slice(None), lambda z: LF.cross_entropy(z, y, inplace=True)),
+                         (slice(0, 2), lambda z: LF.cross_entropy(z[2:], y[2:], inplace=True))):
         z = x * 2
-        loss = LF.cross_entropy(z, y, inplace=True)
+        loss = LF.cross_entropy(z[rows], y[rows], inplace=True)
         change(z)
         with pytest.raises(RuntimeError, match="modified in place after it"):
             torch.autograd.grad(loss, x)
+    # the backward's own scaling bumps no version: a node that saved another view of the tensor after the call
+    # (logits there) still runs, with the right gradient
+    h = torch.randn(8, 5, requires_grad=True)
+    w = torch.randn(10, 5, requires_grad=True)
+    t = torch.randint(0, 10, (8,))
+    results = []
+    for inplace in (False, True):
+        z = h @ w.T
+        loss = LF.cross_entropy(z[:4], t[:4], inplace=inplace)
+        other = z[4:].sin().sum()
+        (loss * 1024).backward(retain_graph=True)  # the matmul is shared with `other`
+        other.backward()
+        results.append((h.grad.clone(), w.grad.clone()))
+        h.grad = w.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 @pytest.mark.parametrize("where", ["no_grad", "no_requires_grad", "compile", "autocast", "probabilities",
