@@ -6,6 +6,10 @@ Contenders, on the same inputs and threads:
   eager     torch.nn.functional.cross_entropy
   compile   torch.compile(torch.nn.functional.cross_entropy, dynamic=False, fullgraph=True), compiled once per
             (shape, dtype, mode) before timing (Inductor builds C++ on the CPU; its caches make later runs quicker)
+  inplace   (with --inplace; fwdbwd only) lossfuse's cross_entropy(..., inplace=True), which writes the gradient over
+            the logits: each call gets fresh logits, x * 1 made untimed before it (outside the memory baseline too;
+            just written, so in cache, as a training step's logits fresh from its output layer), and
+            autograd.grad(loss, those logits) returns their own storage
 
 Inputs per (N, V) shape and dtype: logits (N, V) ~ N(0, 2) and int64 class targets (N) from a fixed seed;
 reduction 'mean' (the default), no weights, no label smoothing.
@@ -68,7 +72,7 @@ DTYPE_ALIASES = {"float32": "f32", "float": "f32", "bfloat16": "bf16", "float16"
                  "float64": "f64", "double": "f64"}
 MODES = ["fwd", "fwdbwd"]
 MODE_ALIASES = {"forward": "fwd", "fwd+bwd": "fwdbwd", "forward+backward": "fwdbwd", "fb": "fwdbwd"}
-CONTENDERS = ["lossfuse", "eager", "compile"]
+CONTENDERS = ["lossfuse", "eager", "compile", "inplace"]
 
 LOGIT_SEED, TARGET_SEED, LOGIT_STD = 0x1F05E5ED, 0x7A59E7, 2.0
 # Agreement with torch eager, per dtype: (loss rtol, gradient atol as a fraction of the largest |gradient| in the
@@ -140,6 +144,8 @@ def parse_args(argv):
                    help="seconds of timed calls per contender when reps adapt (default 1.0; 0.1 with --quick)")
     p.add_argument("--quick", action="store_true", help="only the small shapes, few reps (a smoke test)")
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    p.add_argument("--inplace", action="store_true",
+                   help="also time lossfuse's cross_entropy(inplace=True) (fwdbwd), on fresh logits each call")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--csv", metavar="PATH", help="also write the results as CSV, one row per contender")
     p.add_argument("--installed", action="store_true",
@@ -177,6 +183,8 @@ def make_contender(name, torch_ce, lossfuse_ce):
     """The callable for a contender; 'compile' is compiled freshly (torch._dynamo.reset()) for each config."""
     if name == "lossfuse":
         return lossfuse_ce
+    if name == "inplace":
+        return lambda x, y: lossfuse_ce(x, y, inplace=True)
     if name == "eager":
         return torch_ce
     import torch
@@ -188,12 +196,24 @@ def make_contender(name, torch_ce, lossfuse_ce):
     return torch.compile(torch_cross_entropy, dynamic=False, fullgraph=True)
 
 
-def make_call(torch, fn, mode, x, y):
-    """A zero-argument call running one contender once in the mode; it drops its results before returning."""
+def make_call(torch, fn, mode, x, y, fresh=False):
+    """A zero-argument call running one contender once in the mode; it drops its results before returning. fresh
+    (the in-place contender): each call differentiates new logits, x * 1 made by call.prepare(), run untimed before
+    it."""
     if mode == "fwd":
         def call():
             with torch.no_grad():
                 fn(x, y)
+    elif fresh:
+        xg = x.detach().requires_grad_()
+        made = []
+
+        def call():
+            z = made.pop() if made else xg * 1
+            loss = fn(z, y)
+            torch.autograd.grad(loss, z)
+
+        call.prepare = lambda: made.append(xg * 1)
     else:
         xg = x.detach().requires_grad_()
 
@@ -203,14 +223,23 @@ def make_call(torch, fn, mode, x, y):
     return call
 
 
-def run_outputs(torch, fn, mode, x, y, rows):
+def run_call(call):
+    """One call, its untimed preparation first."""
+    prepare = getattr(call, "prepare", None)
+    if prepare is not None:
+        prepare()
+    call()
+
+
+def run_outputs(torch, fn, mode, x, y, rows, fresh=False):
     """The loss (float64 scalar) and, in fwdbwd, the gradient's sampled rows (float64), for the check."""
     if mode == "fwd":
         with torch.no_grad():
             return fn(x, y).double().item(), None
     xg = x.detach().requires_grad_()
-    loss = fn(xg, y)
-    (grad,) = torch.autograd.grad(loss, xg)
+    z = xg * 1 if fresh else xg
+    loss = fn(z, y)
+    (grad,) = torch.autograd.grad(loss, z)
     return loss.detach().double().item(), grad[rows].double()
 
 
@@ -257,10 +286,13 @@ def memory_child(spec, torch, torch_ce, lossfuse_ce):
     import resource
     n, v, dtype_name, mode, contender = spec["n"], spec["v"], spec["dtype"], spec["mode"], spec["contender"]
     x, y = make_inputs(torch, n, v, dtype_name)
-    call = make_call(torch, make_contender(contender, torch_ce, lossfuse_ce), mode, x, y)
-    call()  # warm-up: one-time initialisation, and compilation for 'compile'
+    call = make_call(torch, make_contender(contender, torch_ce, lossfuse_ce), mode, x, y, contender == "inplace")
+    run_call(call)  # warm-up: one-time initialisation, and compilation for 'compile'
     peak_kb, exact = 0, True
     for _ in range(2):
+        prepare = getattr(call, "prepare", None)
+        if prepare is not None:
+            prepare()  # the in-place contender's fresh logits: an input, made before the baseline
         gc.collect()
         _malloc_trim()
         baseline_kb = _proc_status_kb("VmRSS")
@@ -307,6 +339,9 @@ def time_config(torch, calls, args):
     while True:
         order = names[rep % len(names):] + names[:rep % len(names)]
         for c in order:
+            prepare = getattr(calls[c], "prepare", None)
+            if prepare is not None:
+                prepare()
             t0 = time.perf_counter()
             calls[c]()
             samples[c].append(time.perf_counter() - t0)
@@ -323,7 +358,7 @@ def time_config(torch, calls, args):
 def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log):
     """One (shape, dtype, mode): check, warm up, time, then measure memory. Returns one result dict per
     contender."""
-    names = [c for c in CONTENDERS if not (args.no_compile and c == "compile")]
+    names = contender_names(args, mode)
     results = {c: {"contender": c, "n": n, "v": v, "dtype": dtype_name, "mode": mode, "error": ""} for c in names}
     x, y = make_inputs(torch, n, v, dtype_name)
     rows = sorted({0, n // 2, n - 1} | set(torch.randint(0, n, (4,), generator=torch.Generator().manual_seed(1))
@@ -334,7 +369,7 @@ def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log
         try:
             t0 = time.perf_counter()
             fns[c] = make_contender(c, torch_ce, lossfuse_ce)
-            out = run_outputs(torch, fns[c], mode, x, y, rows)  # the first call: compiles for 'compile'
+            out = run_outputs(torch, fns[c], mode, x, y, rows, c == "inplace")  # the first call: compiles for 'compile'
             results[c]["first_call_s"] = time.perf_counter() - t0
             if c == "eager":
                 ref = out
@@ -348,9 +383,9 @@ def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log
         out = results[c].pop("out", None)
         if out is not None and ref is not None and c != "eager":
             results[c]["error"] = check(ref, out, dtype_name)
-    calls = {c: make_call(torch, fns[c], mode, x, y) for c in names if c in fns}
+    calls = {c: make_call(torch, fns[c], mode, x, y, c == "inplace") for c in names if c in fns}
     for call in calls.values():  # warm-up
-        call()
+        run_call(call)
     samples = time_config(torch, calls, args)
     for c, s in samples.items():
         results[c].update(reps=len(s), median_ms=statistics.median(s) * 1e3, min_ms=min(s) * 1e3)
@@ -374,6 +409,12 @@ def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log
         t = results[c].get("median_ms")
         results[c]["lossfuse_speedup"] = t / lf if (lf and t) else None
     return [results[c] for c in names]
+
+
+def contender_names(args, mode=None):
+    """The contenders run (for a mode: the in-place one only in fwdbwd)."""
+    return [c for c in CONTENDERS if not (args.no_compile and c == "compile")
+            and not (c == "inplace" and (not args.inplace or mode == "fwd"))]
 
 
 # ---- reporting ---------------------------------------------------------------------------------------------------
@@ -411,7 +452,7 @@ def print_table(all_rows, names, out):
         line = f"{f'{n}x{v}':<14} {dt:<5} {mode:<7}"
         for c in names:
             t = rs.get(c, {}).get("median_ms")
-            line += f" {t:9.3f}" if t is not None else f" {'failed':>9}"
+            line += f" {t:9.3f}" if t is not None else f" {'failed' if c in rs else '-':>9}"
         for c in others:
             s = rs.get(c, {}).get("lossfuse_speedup")
             line += f" {s:9.2f}x" if s is not None else f" {'-':>10}"
@@ -473,7 +514,7 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    names = [c for c in CONTENDERS if not (args.no_compile and c == "compile")]
+    names = contender_names(args)
     threads = torch.get_num_threads()
     print(f"lossfuse vs torch: cross_entropy, reduction mean, int64 targets, logits ~ N(0, {LOGIT_STD:g})")
     print(f"  torch {torch.__version__}, lossfuse {lossfuse.__version__} from {os.path.dirname(lossfuse.__file__)}")
