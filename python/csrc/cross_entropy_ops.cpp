@@ -252,6 +252,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager_inplace(
   return {out[0], out[1], out[2]};
 }
 
+// The backward from the saved lse, written over the logits (GradWrite::in_place): lossfuse.distributed's
+// vocab_parallel_cross_entropy(inplace=True) turns its saved slice into its gradient. The version counter is bumped,
+// so a later use of the saved logits (a retained graph's next backward) raises torch's in-place error.
+void cross_entropy_backward_inplace(const at::Tensor& grad_loss, const at::Tensor& logits, const at::Tensor& target,
+                                    const at::Tensor& lse, const std::optional<at::Tensor>& weight, std::int64_t red,
+                                    std::int64_t ignore_index, double label_smoothing, double logit_scale,
+                                    double softcap, double z_loss_scale) {
+  guarded([&] {
+    const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
+    const TensorView x = view(logits, "input");
+    cross_entropy_backward(x, view(target, "target"), view(lse, "lse"), view(grad_loss, "grad_output"), o, x,
+                           GradWrite::in_place);
+  });
+  torch::autograd::impl::bump_version(logits);
+}
+
+// torch's rules for writing t in place (not a leaf that requires grad nor a view of one, not an output of split,
+// chunk or unbind), checked in the caller's grad mode: torch's error, or nothing.
+void check_inplace(const at::Tensor& t) { torch::autograd::check_inplace(t, /*requires_grad=*/true); }
+
 NllOptions nll_options(const std::optional<at::Tensor>& weight, std::int64_t red, std::int64_t ignore_index) {
   NllOptions o;
   o.reduction = reduction(red);
@@ -302,6 +322,12 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "_cross_entropy_eager_inplace(Tensor(a!) input, Tensor target, Tensor? weight, int reduction, "
       "int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
       "-> (Tensor loss, Tensor lse, Tensor z_loss)");
+  // Internal: vocab_parallel_cross_entropy(inplace=True)'s backward, and its check of torch's in-place rules.
+  m.def(
+      "_cross_entropy_backward_inplace(Tensor grad_output, Tensor(a!) input, Tensor target, Tensor lse, "
+      "Tensor? weight, int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, "
+      "float z_loss_scale) -> ()");
+  m.def("_check_inplace(Tensor input) -> ()");
   m.def("nll_loss(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index) -> Tensor");
   m.def(
       "nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
@@ -312,6 +338,7 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
   using namespace lossfuse::torch_binding;
   m.impl("cross_entropy", &cross_entropy);
   m.impl("cross_entropy_backward", &cross_entropy_backward);
+  m.impl("_cross_entropy_backward_inplace", &cross_entropy_backward_inplace);
   m.impl("nll_loss", &nll_loss);
   m.impl("nll_loss_backward", &nll_loss_backward);
 }
@@ -319,4 +346,5 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
 TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
   m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager);
   m.impl("_cross_entropy_eager_inplace", &lossfuse::torch_binding::cross_entropy_eager_inplace);
+  m.impl("_check_inplace", &lossfuse::torch_binding::check_inplace);
 }

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ._common import ArgumentError, acc_dtype, as_argument_error, reduction_code
+from ._cross_entropy import _no_internal_overlap
 
 __all__ = ["vocab_parallel_cross_entropy"]
 
@@ -30,7 +31,7 @@ _LOCAL_IGNORE = -1  # the ignore_index of the local targets handed to the kernel
 
 def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None, vocab_size=None, ignore_index=-100,
                                  reduction="mean", label_smoothing=0.0, logit_scale=1.0, softcap=0.0,
-                                 z_loss_scale=0.0):
+                                 z_loss_scale=0.0, inplace=False):
     """Cross-entropy over a vocabulary split across the ranks of `group` (default: the whole world).
 
     input: this rank's logits, (..., C_rank), classes on the last dim (as a language model's output), of classes
@@ -41,6 +42,10 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
     ignore_index, reduction ('none', 'mean', 'sum'), label_smoothing: as torch.nn.functional.cross_entropy.
     logit_scale, softcap, z_loss_scale: as lossfuse.nn.functional.cross_entropy (z = softcap tanh(logit_scale x /
         softcap); z_loss_scale lse^2 added per row).
+    inplace: backward writes the gradient over this rank's logits (kept for backward anyway) instead of into a
+        buffer of its own: no second N x C_rank buffer. Afterwards the logits hold their gradient. torch's in-place
+        rules apply (not a leaf that requires grad nor a view of one, no elements sharing memory), checked on every
+        rank before the call's collectives; a second backward through a retained graph raises torch's in-place error.
 
     Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype. Backward gives
     each rank the gradient of its own logits. Every rank of the group must call it, with the same target and
@@ -54,18 +59,18 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"lossfuse: {name}: torch.distributed is not initialized (init_process_group first)")
     error, args = _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction,
-                                   label_smoothing, logit_scale, softcap, z_loss_scale)
+                                   label_smoothing, logit_scale, softcap, z_loss_scale, inplace)
     vocab_start, vocab_size = _agree(name, input, target, vocab_start, vocab_size, error, args, group)
     red, ignore_index, eps, scale, cap, zs = args
     try:
         return _VocabParallelCE.apply(input, target, (red, ignore_index, eps, scale, cap, zs, vocab_start,
-                                                      vocab_size, group))
+                                                      vocab_size, group, bool(inplace)))
     except ValueError as e:
         raise as_argument_error(e) from None
 
 
 def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction, label_smoothing,
-                     logit_scale, softcap, z_loss_scale):
+                     logit_scale, softcap, z_loss_scale, inplace):
     """This rank's checks, raising nothing (a rank raising alone would leave the others waiting in a collective):
     (the error to raise or None, the options as (reduction code, ignore_index, and the four floats))."""
     try:
@@ -98,6 +103,11 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         for arg, v in (("ignore_index", args[1]), ("vocab_start", vocab_start), ("vocab_size", vocab_size)):
             if v is not None and not -(1 << 62) < int(v) < 1 << 62:
                 raise ArgumentError(f"lossfuse: {name}: {arg}: expected a value of magnitude below 2^62, got {v}")
+        if inplace and input.requires_grad and torch.is_grad_enabled():
+            torch.ops.lossfuse._check_inplace(input)  # torch's rules and errors
+            if not _no_internal_overlap(input):
+                raise ArgumentError(f"lossfuse: {name}: inplace: expected logits whose elements do not share memory, "
+                                    f"got strides {tuple(input.stride())} for shape {tuple(input.shape)}")
         return None, args
     except Exception as e:  # noqa: BLE001  (whatever it is, it is raised on every rank by _agree)
         return (e if isinstance(e, TypeError) else as_argument_error(e)), None
@@ -197,7 +207,7 @@ def _transform(x, logit_scale, softcap):
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, options):
-        red, ignore_index, eps, scale, softcap, zs, start, vocab, group = options
+        red, ignore_index, eps, scale, softcap, zs, start, vocab, group, _ = options
         classes = input.shape[-1]
         x = input.reshape(-1, classes)
         acc = acc_dtype(input)
@@ -255,22 +265,27 @@ class _VocabParallelCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         x, t_local, lse, valid, mine, count = ctx.saved_tensors
-        red, _, eps, scale, softcap, zs, _, vocab, _ = ctx.options
+        red, _, eps, scale, softcap, zs, _, vocab, _, inplace = ctx.options
         classes = x.shape[1]
         acc = lse.dtype
         go = grad_loss.to(acc)
         go_rows = go.reshape(-1) if red == 0 else go
+        # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
+        # before an in-place gradient overwrites it.
+        idx = valid.nonzero().squeeze(1)
+        p = t_local[idx]
+        z, dz = _transform(x[idx, p].to(acc), scale, softcap)
         # Every element from the full lse by the backward kernel. With label smoothing eps_k = eps * C_rank / V, the
         # kernel's eps_k / C_rank is the full vocabulary's eps / V (and its softmax coefficient stays 1); its target
         # term, at the local target, is replaced just below.
         eps_k = eps * classes / vocab
-        g = torch.ops.lossfuse.cross_entropy_backward(go_rows, x, t_local, lse, None, red, _LOCAL_IGNORE, eps_k, scale,
-                                                      softcap, zs)
-        # Each counted row's element at its local target (its own class here, class 0 for a target elsewhere): the
-        # gradient of the full loss there, q A - eps / V - (1 - eps) [target here], rounded once.
-        idx = valid.nonzero().squeeze(1)
-        p = t_local[idx]
-        z, dz = _transform(x[idx, p].to(acc), scale, softcap)
+        args = (lse, None, red, _LOCAL_IGNORE, eps_k, scale, softcap, zs)
+        if inplace:
+            torch.ops.lossfuse._cross_entropy_backward_inplace(go_rows, x, t_local, *args)
+            g = x.detach()
+        else:
+            g = torch.ops.lossfuse.cross_entropy_backward(go_rows, x, t_local, *args)
+        # The gradient of the full loss at those elements, q A - eps / V - (1 - eps) [target here], rounded once.
         lse_i = lse[idx]
         a = 1 + 2 * zs * lse_i
         b = eps / vocab + (1 - eps) * mine[idx].to(acc)

@@ -109,20 +109,23 @@ def check_against(ours, ref64, theirs, dtype, what):
 
 
 def one_case(rank, world, dtype, kw, shape=(5, 6), target_dtype=torch.int64, upstream=lambda l: torch.ones_like(l),
-             give_slice=False, edit=None):
+             give_slice=False, edit=None, inplace=False):
     x, t = full_inputs(dtype, shape, target_dtype)
     if edit is not None:
         edit(x, t)
     (loss64, grad64), (loss_t, grad_t) = reference(x, t, kw, upstream)
     mine, start = my_slice(x, rank, world)
     xs = mine.clone().requires_grad_()
+    logits = xs * 1 if inplace else xs  # in place: logits made by an operation, the gradient taken through them
     extra = dict(vocab_start=start, vocab_size=V) if give_slice else {}
-    loss = vpce(xs, t, **kw, **extra)
-    what = f"rank {rank}/{world} {dtype} {kw} shape {shape} target {target_dtype}"
+    loss = vpce(logits, t, **kw, **extra, inplace=inplace)
+    what = f"rank {rank}/{world} {dtype} {kw} shape {shape} target {target_dtype} inplace {inplace}"
     assert loss.dtype == dtype, f"{what}: loss dtype {loss.dtype}"
     check_against(loss.detach(), loss64, loss_t, dtype, what + " loss")
     (grad,) = torch.autograd.grad(loss, xs, upstream(loss.detach()).to(loss.dtype))
     assert grad.dtype == dtype
+    if inplace:
+        assert torch.equal(logits.detach(), grad), f"{what}: the logits must hold their gradient"
     sl = slice(start, start + xs.shape[-1])
     check_against(grad, grad64[..., sl], grad_t[..., sl], dtype, what + " gradient")
 
@@ -143,6 +146,13 @@ def case_values(rank, world):
         one_case(rank, world, torch.float32, dict(reduction="sum"), target_dtype=target_dtype)
     one_case(rank, world, torch.float32, dict(), shape=(7,))  # (N, V_rank)
     one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4))
+    # inplace=True: the gradient written over each rank's logits in backward
+    for dtype in DTYPES:
+        one_case(rank, world, dtype, dict(reduction="mean", label_smoothing=0.1, z_loss_scale=1e-2), inplace=True)
+    one_case(rank, world, torch.float32, dict(reduction="none", softcap=4.0, logit_scale=1.5), upstream=upstream_rows,
+             inplace=True)
+    one_case(rank, world, torch.bfloat16, dict(reduction="sum"), target_dtype=torch.uint8, inplace=True)
+    one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4), inplace=True)
 
 
 def case_edges(rank, world):
@@ -200,7 +210,12 @@ def case_edges(rank, world):
                        ("cannot convert float infinity",
                         lambda: vpce(mine, t, ignore_index=math.inf if last else -100)),
                        ("vocab_size: expected a value of magnitude below 2^62",
-                        lambda: vpce(mine, t, vocab_start=start, vocab_size=2**70 if last else V))]:
+                        lambda: vpce(mine, t, vocab_start=start, vocab_size=2**70 if last else V)),
+                       ("a leaf Variable that requires grad",  # torch's in-place rules, inplace=True
+                        lambda: vpce(mine.clone().requires_grad_() if last else mine, t, inplace=True)),
+                       ("inplace: expected logits whose elements do not share memory",
+                        lambda: vpce((mine[..., :1].clone().requires_grad_() * 1).expand_as(mine) if last else mine,
+                                     t, inplace=True))]:
         try:
             call()
         except (ValueError, TypeError) as e:
