@@ -43,9 +43,11 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
     logit_scale, softcap, z_loss_scale: as lossfuse.nn.functional.cross_entropy (z = softcap tanh(logit_scale x /
         softcap); z_loss_scale lse^2 added per row).
     inplace: backward writes the gradient over this rank's logits (kept for backward anyway) instead of into a
-        buffer of its own: no second N x C_rank buffer. Afterwards the logits hold their gradient. torch's in-place
-        rules apply (not a leaf that requires grad nor a view of one, no elements sharing memory), checked on every
-        rank before the call's collectives; a second backward through a retained graph raises torch's in-place error.
+        buffer of its own: no second N x C_rank buffer. Afterwards the logits hold their gradient, and the gradient
+        handed to autograd is their storage (logits whose layout cannot be viewed as rows of C_rank are copied for
+        the kernels: then the copy holds it and nothing is saved). torch's in-place rules apply (not a leaf that
+        requires grad nor a view of one, no elements sharing memory), checked on every rank before the call's
+        collectives; a second backward through a retained graph raises (torch's error about the modified logits).
 
     Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype. Backward gives
     each rank the gradient of its own logits. Every rank of the group must call it, with the same target and
