@@ -17,6 +17,9 @@
 //     times (retain_graph, activation checkpointing).
 // The chunk has linear_cross_entropy_chunk_rows(N, Vt, acc bytes, options) rows (below), Vt the vocabulary tile
 // width (V when untiled).
+// Precision as cross_entropy.hpp: the loss keeps the precision of the logits' differences for any common offset;
+// gradients made from an lse (way 2, and the tiled way 1) carry its rounding, a relative error up to ulp(lse) / 2
+// per probability.
 //
 // Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
 // tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's

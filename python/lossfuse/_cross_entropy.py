@@ -245,6 +245,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         targets in plain eager mode; under torch.compile, torch.func, a torch function mode, autocast's float32
         loss of 16-bit logits, or with probability targets the gradient gets a buffer of its own.
     Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
+    Precision: the loss, and the gradient written in the forward pass, keep the precision of the logits' differences
+    whatever their common offset (as torch's log_softmax); a gradient made in backward from the saved lse (reduction
+    'none') carries lse's rounding, a relative error up to ulp(lse) / 2 per probability (float32: 6e-5 at |lse| ~ 1e3).
 
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.

@@ -994,3 +994,42 @@ def test_non_finite_upstream_with_uint8_targets_past_155(path):
         (gr,) = torch.autograd.grad(loss, wrt, torch.tensor(math.nan))
         grads.append(gr)
     assert grads[0].isnan().all() and torch.equal(grads[0].isnan(), grads[1].isnan())
+
+
+@pytest.mark.parametrize("dtype,offset",
+                         [(torch.float32, 2.0 ** 20), (torch.float32, -1e7), (torch.float64, 2.0 ** 40)],
+                         ids=["f32_2^20", "f32_-1e7", "f64_2^40"])
+@pytest.mark.parametrize("options", [dict(reduction="mean"), dict(reduction="sum", label_smoothing=0.1),
+                                     dict(reduction="none")], ids=str)
+def test_large_common_offset_keeps_precision(dtype, offset, options):
+    """Logits offset + v with |offset| >> |v|: the loss and the gradient depend on the differences v only, as torch's
+    log_softmax keeps them (lse is not rounded to the offset's ulp before lse - z_y). Compared with torch in float64 on
+    the same (exactly representable) values; linear_cross_entropy's loss as well (the gradient of its saved-lse
+    backward, and cross_entropy's for reduction 'none', see the docstring of cross_entropy, are not checked here)."""
+    gen = torch.Generator().manual_seed(5)
+    step = 2.0 ** -3 if dtype == torch.float32 else 2.0 ** -10
+    v = torch.randint(-24, 25, (6, 50), generator=gen).double() * step
+    v[0] = -80 * step
+    v[0, 7] = 0.0  # a confident row: loss ~ 49 e^-10
+    x = (v + offset).to(dtype) if abs(offset) < 2 ** 21 or dtype == torch.float64 else None
+    if x is None:  # 1e7 in float32: ulp 1, so v in whole units
+        v = torch.randint(-6, 7, (6, 50), generator=gen).double()
+        v[0] = -10.0
+        v[0, 7] = 0.0
+        x = (v + offset).to(dtype)
+    assert torch.equal(x.double() - offset, v)
+    t = torch.randint(0, 50, (6,), generator=gen)
+    t[0] = 7
+    want = F.cross_entropy(v, t, **options)  # float64, offset-free
+    xa = x.clone().requires_grad_()
+    got = LF.cross_entropy(xa, t, **options)
+    tol = dict(rtol=2e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(got.double(), want, **tol)
+    if options["reduction"] != "none":  # the fused gradient
+        vg = v.clone().requires_grad_()
+        (gw,) = torch.autograd.grad(F.cross_entropy(vg, t, **options), vg)
+        (gg,) = torch.autograd.grad(got, xa)
+        torch.testing.assert_close(gg.double(), gw, **tol)
+    # linear: identity rows times W = the logits' transpose, so input @ W.T is the logits exactly
+    got_lin = LF.linear_cross_entropy(torch.eye(6, dtype=dtype), x.t().contiguous(), t, **options)
+    torch.testing.assert_close(got_lin.double(), want, **tol)

@@ -116,7 +116,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
   };
 
   math::LseState<Acc> st;
-  Acc ref = 0;
+  Acc ref = 0, row_max = -kInf;
   V swz = hn::Zero(d), swp = hn::Zero(d), swpz = hn::Zero(d);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t end = std::min(C, c0 + kC);
@@ -224,10 +224,20 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
     const Acc m = hn::GetLane(hn::MaxOfLanes(d, vmax));
     if (e != nullptr) chunk_max[c0 / kC] = m > -kInf ? shift : -kInf;
     if (m > -kInf) st = math::lse_combine(st, {shift, chunk_sum});
+    row_max = std::max(row_max, m);
   }
   if (st.m == -kInf) return false;
   rs.m = ref;
-  rs.lse = math::lse_finalize(st);
+  // top = the row's max z (a shift may lag it by up to kSlack), so that log_s lies in [0, log C] and is rounded
+  // relative to that: lse - z_y = (top - z_y) + log_s then keeps its relative precision down to tiny losses.
+  rs.top = st.m;
+  Acc s = st.s;
+  if (row_max > st.m) {
+    s *= std::exp(st.m - row_max);
+    rs.top = row_max;
+  }
+  rs.log_s = std::log(s);
+  rs.lse = rs.top + rs.log_s;
   rs.sum_wz = hn::GetLane(hn::SumOfLanes(d, swz));
   rs.sum_wp = hn::GetLane(hn::SumOfLanes(d, swp));
   rs.sum_wpz = hn::GetLane(hn::SumOfLanes(d, swpz));
@@ -258,7 +268,7 @@ HWY_NOINLINE bool RowStatsStrided(const T* x, std::int64_t xs, const T* pt, std:
       swpz += wp * (z - m);
     }
   }
-  rs = {m, m + std::log(s), swz, swp, swpz};
+  rs = {m, m + std::log(s), swz, swp, swpz, m, std::log(s)};
   return true;
 }
 
@@ -365,16 +375,17 @@ HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_
   return FromAcc<T>(t * gscale * cx.xf.derivative(xv));
 }
 
-// Gradient of one row from the saved lse: q_c = exp(z_c - lse), then GradValue.
+// Gradient of one row from lse = top + log_s (math::RowSums; a saved lse as top, log_s = 0):
+// q_c = exp((z_c - top) - log_s), then GradValue.
 template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,
-                          std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+                          std::int64_t C, const RowCtx<Acc>& cx, Acc top, Acc log_s, Acc gscale, Acc A) {
   std::int64_t c = 0;
   if (xs == 1 && gs_ == 1 && (!kSoft || ts == 1)) {
     const hn::ScalableTag<Acc> d;
     using V = hn::Vec<decltype(d)>;
     const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
-    const V vlse = hn::Set(d, lse), vA = hn::Set(d, A);
+    const V vtop = hn::Set(d, top), vlog_s = hn::Set(d, log_s), vA = hn::Set(d, A);
     if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
       if (PairRows<T, kSoft>(cx)) {
         const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -383,35 +394,38 @@ HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t
           LoadEvenOdd(d, x + i, z0, z1);
           z0 = Transform<kCap>(d, z0, cx.xf, &th0);
           z1 = Transform<kCap>(d, z1, cx.xf, &th1);
-          even = GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z0, vlse)), vA), th0, i, pt, cx, k);
-          odd = GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z1, vlse)), vA), th1, i, pt, cx, k);
+          const V q0 = FastExp(d, hn::Sub(hn::Sub(z0, vtop), vlog_s));
+          const V q1 = FastExp(d, hn::Sub(hn::Sub(z1, vtop), vlog_s));
+          even = GradValue<kCap, kSoft>(d, hn::Mul(q0, vA), th0, i, pt, cx, k);
+          odd = GradValue<kCap, kSoft>(d, hn::Mul(q1, vA), th1, i, pt, cx, k);
         });
       }
     }
     c = StoreVectors<kPairHw, kStream>(d, c, C, g, [&](std::int64_t i) {
       V th = k.one;
       const V z = Transform<kCap>(d, LoadAcc(d, x + i), cx.xf, &th);
-      return GradValue<kCap, kSoft>(d, hn::Mul(FastExp(d, hn::Sub(z, vlse)), vA), th, i, pt, cx, k);
+      const V q = FastExp(d, hn::Sub(hn::Sub(z, vtop), vlog_s));
+      return GradValue<kCap, kSoft>(d, hn::Mul(q, vA), th, i, pt, cx, k);
     });
   }
   for (; c < C; ++c) {
     const Acc xv = ToAcc<Acc>(x[c * xs]);
-    g[c * gs_] = GradScalar<kSoft, T>(std::exp(cx.xf.apply(xv) - lse) * A, xv, pt, ts, c, cx, gscale);
+    g[c * gs_] = GradScalar<kSoft, T>(std::exp((cx.xf.apply(xv) - top) - log_s) * A, xv, pt, ts, c, cx, gscale);
   }
 }
 
 // The fused gradient of a contiguous row from the e_c and chunk maxima RowStats kept:
-// q_c = e_c exp(m_k - lse), then GradValue. x is read only for the softcap derivative.
+// q_c = e_c exp((m_k - top) - log_s), then GradValue. x is read only for the softcap derivative.
 template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, const T* x, const T* pt, T* g,
-                               std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+                               std::int64_t C, const RowCtx<Acc>& cx, Acc top, Acc log_s, Acc gscale, Acc A) {
   const hn::ScalableTag<Acc> d;
   using V = hn::Vec<decltype(d)>;
   constexpr std::int64_t kC = kChunk<Acc>;
   const auto k = MakeGradConsts<kSoft>(d, cx, gscale);
   for (std::int64_t c0 = 0; c0 < C; c0 += kC) {
     const std::int64_t end = std::min(C, c0 + kC);
-    const Acc fa = std::exp(chunk_max[c0 / kC] - lse) * A;
+    const Acc fa = std::exp((chunk_max[c0 / kC] - top) - log_s) * A;
     const V vfa = hn::Set(d, fa);
     std::int64_t c = c0;
     if constexpr (std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
@@ -439,14 +453,15 @@ HWY_NOINLINE void RowGradFromE(const Acc* HWY_RESTRICT e, const Acc* chunk_max, 
   }
 }
 
-// One row's gradient: from the kept exps when there are some (e), else from the saved lse.
+// One row's gradient: from the kept exps when there are some (e), else from the lse (rs.top + rs.log_s).
 template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_INLINE void GradRow(const Acc* e, const Acc* chunk_max, const T* x, const T* pt, T* g, const CeParams& p,
-                        std::int64_t C, const RowCtx<Acc>& cx, Acc lse, Acc gscale, Acc A) {
+                        std::int64_t C, const RowCtx<Acc>& cx, const math::RowSums<Acc>& rs, Acc gscale, Acc A) {
   if (e != nullptr) {
-    RowGradFromE<kCap, kSoft, kPairHw, kStream>(e, chunk_max, x, pt, g, C, cx, lse, gscale, A);
+    RowGradFromE<kCap, kSoft, kPairHw, kStream>(e, chunk_max, x, pt, g, C, cx, rs.top, rs.log_s, gscale, A);
   } else {
-    RowGrad<kCap, kSoft, kPairHw, kStream>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, lse, gscale, A);
+    RowGrad<kCap, kSoft, kPairHw, kStream>(x, p.x_cstride, pt, p.t_cstride, g, p.g_cstride, C, cx, rs.top, rs.log_s,
+                                           gscale, A);
   }
 }
 
@@ -539,6 +554,8 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
         block_zloss += static_cast<double>(zl);
       } else {
         rs.lse = static_cast<const Acc*>(p.lse_in)[r];
+        rs.top = rs.lse;  // only the rounded lse is known here
+        rs.log_s = 0;
         ok = !std::isnan(rs.lse);
         if (kSoft && ok) rs.sum_wp = RowSumWp<T, Acc>(pt, p.t_cstride, C, cx.w);
       }
@@ -561,15 +578,15 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
       }
       const Acc A = kSoft ? math::ce_soft_grad_a(cx.rp, rs) : math::ce_index_grad_a(cx.rp, rs.lse, w_y);
       if (stream && reinterpret_cast<std::uintptr_t>(g) % 64 == 0) {
-        GradRow<kCap, kSoft, kBf16, kStreamable>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
+        GradRow<kCap, kSoft, kBf16, kStreamable>(ebuf, chunk_max, x, pt, g, p, C, cx, rs, gscale, A);
       } else if (pair_hw) {
-        GradRow<kCap, kSoft, kBf16, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
+        GradRow<kCap, kSoft, kBf16, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs, gscale, A);
       } else {
-        GradRow<kCap, kSoft, false, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs.lse, gscale, A);
+        GradRow<kCap, kSoft, false, false>(ebuf, chunk_max, x, pt, g, p, C, cx, rs, gscale, A);
       }
       if constexpr (!kSoft) {
         // The target's own term, computed from the saved logit so in-place and separate agree bitwise.
-        const Acc q_y = std::exp(cx.xf.apply(x_y) - rs.lse);
+        const Acc q_y = std::exp(-math::lse_minus(rs, cx.xf.apply(x_y)));
         const Acc b_y = cx.rp.eps_over_c * w_y + (Acc(1) - cx.rp.eps) * w_y;
         g[y * p.g_cstride] = FromAcc<T>((q_y * A - b_y) * gscale * cx.xf.derivative(x_y));
       }

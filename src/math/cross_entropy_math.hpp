@@ -11,7 +11,7 @@
 //   soft target:  (lse - M) sum_wp' - sum_wpz' + zls lse^2,
 //                 sum_wp' = (1-eps) sum_wp + (eps/C) sum_w,  sum_wpz' = (1-eps) sum_wpz + (eps/C) sum_wz
 // and the gradient with respect to z_c, for an upstream gradient g, is
-//   g (q_c A - w_c b_c),  q_c = exp(z_c - lse),
+//   g (q_c A - w_c b_c),  q_c = exp(z_c - lse) (z_c - lse as -lse_minus where the forward knows both parts),
 //   index: A = (1-eps) w_y + (eps/C) sum_w + 2 zls lse, b_c = eps/C + (1-eps) [c == y] w_y / w_c
 //   soft:  A = sum_wp' + 2 zls lse,                     b_c = (1-eps) p_c + eps/C
 // Valid range: finite z and lse. Rows with NaN or +inf in z, or only -inf, have lse = NaN (as PyTorch's
@@ -63,12 +63,24 @@ struct LogitTransform {
 
 template <class Acc>
 struct RowSums {
-  Acc m;       // row max of z
-  Acc lse;     // log-sum-exp of z
-  Acc sum_wz;  // sum w_c (z_c - m); 0 unless needed
-  Acc sum_wp;  // soft targets: sum w_c p_c
-  Acc sum_wpz; // soft targets: sum w_c p_c (z_c - m)
+  Acc m;        // the reference of the sums below: a value inside the row's range (the row max, or a chunk's shift)
+  Acc lse;      // log-sum-exp of z
+  Acc sum_wz;   // sum w_c (z_c - m); 0 unless needed
+  Acc sum_wp;   // soft targets: sum w_c p_c
+  Acc sum_wpz;  // soft targets: sum w_c p_c (z_c - m)
+  // lse split as top + log_s, top the row's max z and log_s = log sum exp(z_c - top) in [0, log C]: differences
+  // lse - v are taken as (top - v) + log_s (lse_minus), so they keep the bits that rounding lse to the magnitude of z
+  // drops (for |z| >> 1: at z ~ 1e3 in float32 a loss of 5e-5 would be off by 1e-5). Where only a saved lse is known
+  // (backward), top = lse and log_s = 0: the same as lse - v.
+  Acc top;
+  Acc log_s;
 };
+
+// lse - v for v inside the row's range (a z, the reference m), as (top - v) + log_s (see RowSums).
+template <class Acc>
+LF_HOST_DEVICE Acc lse_minus(const RowSums<Acc>& r, Acc v) {
+  return (r.top - v) + r.log_s;
+}
 
 template <class Acc>
 struct CeRowParams {
@@ -81,8 +93,8 @@ struct CeRowParams {
 // Cross-entropy part of an index-target row; w_y is the weight of the target class, z_y its z.
 template <class Acc>
 LF_HOST_DEVICE Acc ce_index_row_loss(const CeRowParams<Acc>& p, const RowSums<Acc>& r, Acc w_y, Acc z_y) {
-  Acc loss = (Acc(1) - p.eps) * w_y * (r.lse - z_y);
-  if (p.eps != Acc(0)) loss += p.eps_over_c * (p.sum_w * (r.lse - r.m) - r.sum_wz);
+  Acc loss = (Acc(1) - p.eps) * w_y * lse_minus(r, z_y);
+  if (p.eps != Acc(0)) loss += p.eps_over_c * (p.sum_w * lse_minus(r, r.m) - r.sum_wz);
   return loss;
 }
 
@@ -95,7 +107,7 @@ LF_HOST_DEVICE Acc ce_soft_row_loss(const CeRowParams<Acc>& p, const RowSums<Acc
     wp += p.eps_over_c * p.sum_w;
     wpz += p.eps_over_c * r.sum_wz;
   }
-  return (r.lse - r.m) * wp - wpz;
+  return lse_minus(r, r.m) * wp - wpz;
 }
 
 template <class Acc>

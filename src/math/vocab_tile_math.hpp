@@ -67,7 +67,7 @@ LF_HOST_DEVICE CeRowResult<Acc> tile_row_finish(const CeRowParams<Acc>& p, const
   CeRowResult<Acc> out{Acc(0), Acc(0), ok ? lse_finalize(r.lse) : nan};
   if (ignored) return out;
   if (!ok) return {nan, nan, nan};  // as PyTorch: NaN or +inf logits, or only -inf, make the loss NaN
-  const RowSums<Acc> rs{r.ref, out.lse, static_cast<Acc>(r.sum_wz), Acc(0), Acc(0)};
+  const RowSums<Acc> rs{r.ref, out.lse, static_cast<Acc>(r.sum_wz), Acc(0), Acc(0), r.lse.m, std::log(r.lse.s)};
   out.z_loss = z_loss_row(p, out.lse);
   out.loss = ce_index_row_loss(p, rs, w_y, r.z_y) + out.z_loss;
   return out;

@@ -1004,6 +1004,74 @@ TEST(CrossEntropyMisc, BackwardFromReferenceLse) {
   check_grad(p, grad, "backward from reference lse");
 }
 
+// Logits with a large common offset O (|z| >> 1): lse ~ O is rounded to ulp(O), which lse - z_y and exp(z - lse)
+// would carry whole (float32 at O = 2^20: ulp 0.125, a loss off by up to 0.06 and every probability by up to 6%).
+// The forward keeps lse as (row max) + log(sum exp(z - max)) for those differences, as torch's log_softmax does, so
+// the loss and the fused gradient keep the precision of the differences z_c - z_y, whatever O. The values
+// O + k / 2^f are exact in the dtype, and the long double reference works on k / 2^f alone. Rows: random
+// k in [-24, 24] (z spread over 6); and a confident row (the target 10 above the rest: loss ~ C e^-10).
+TEST(CrossEntropyMisc, LargeCommonOffsetKeepsLossAndGradientPrecision) {
+  struct Case {
+    DType dt;
+    double offset, step, u;
+  };
+  for (const Case& k : {Case{DType::f32, 1048576.0, 0.125, 0x1p-24}, Case{DType::f32, -1048576.0, 0.125, 0x1p-24},
+                        Case{DType::f64, 1099511627776.0, 0x1p-10, 0x1p-53}})
+    for (const std::int64_t C : {std::int64_t{3}, std::int64_t{3000}})
+      for (const double eps : {0.0, 0.1}) {
+        SCOPED_TRACE(std::string(dname(k.dt)) + " offset " + std::to_string(k.offset) + " C " + std::to_string(C) +
+                     " eps " + std::to_string(eps));
+        const std::int64_t R = 4;
+        Rng rng(7);
+        std::vector<long double> v(static_cast<std::size_t>(R * C));
+        Tensor logits = Tensor::make(k.dt, {R, C});
+        Tensor target = Tensor::make(DType::i64, {R});
+        for (std::int64_t r = 0; r < R; ++r) {
+          const std::int64_t y = static_cast<std::int64_t>(rng.uniform(0.0, C - 1.0));
+          target.set_int(r, y);
+          for (std::int64_t c = 0; c < C; ++c) {
+            const double kk = r == R - 1 ? (c == y ? 0.0 : -80.0) : std::round(rng.uniform(-24.0, 24.0));
+            v[r * C + c] = static_cast<long double>(kk * k.step);
+            logits.set(r * C + c, k.offset + kk * k.step);
+            ASSERT_EQ(logits.get(r * C + c), k.offset + kk * k.step);  // exact in the dtype
+          }
+        }
+        CrossEntropyOptions o;
+        o.label_smoothing = eps;
+        o.reduction = Reduction::none;
+        Tensor rows = Tensor::make(acc_dtype(k.dt), {R});
+        lossfuse::cross_entropy_forward(logits.view, target.view, o,
+                                        CrossEntropyOutputs{rows.view, std::nullopt, std::nullopt});
+        o.reduction = Reduction::sum;
+        Tensor total = Tensor::make(acc_dtype(k.dt), {});
+        Tensor grad = Tensor::make(k.dt, {R, C});
+        lossfuse::cross_entropy_forward_backward(logits.view, target.view, o,
+                                                 CrossEntropyOutputs{total.view, std::nullopt, std::nullopt},
+                                                 std::nullopt, grad.view);
+        const long double log_c = std::log(static_cast<long double>(C));
+        for (std::int64_t r = 0; r < R; ++r) {
+          const std::int64_t y = target.get_int(r);
+          long double m = -1e300L, sum = 0, smooth = 0;
+          for (std::int64_t c = 0; c < C; ++c) m = std::max(m, v[r * C + c]);
+          for (std::int64_t c = 0; c < C; ++c) sum += std::exp(v[r * C + c] - m);
+          const long double lse = m + std::log(sum);  // of the offset-free values
+          for (std::int64_t c = 0; c < C; ++c) smooth += lse - v[r * C + c];
+          const long double want = (1 - eps) * (lse - v[r * C + y]) + eps / C * smooth;
+          EXPECT_NEAR(rows.get(r), static_cast<double>(want), 64 * k.u * static_cast<double>(want + log_c + 1))
+              << "loss of row " << r;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const long double q = std::exp(v[r * C + c] - lse);
+            const long double g = q - eps / C - (c == y ? 1 - eps : 0.0);
+            // relative to the terms' size: q - 1 at a confident target cancels, in torch's softmax - 1 too
+            EXPECT_NEAR(grad.get(r * C + c), static_cast<double>(g),
+                        32 * k.u * static_cast<double>(q + (c == y) + 0.01))
+                << "gradient of row " << r << " class " << c;
+            if (HasFailure()) return;
+          }
+        }
+      }
+}
+
 // Gradients of 32 MiB and more are written by streaming stores, row by row where a row starts 64-byte aligned
 // (float32; bfloat16 where the hardware rounds pairs). Streaming changes how values are stored, never which:
 // the same problem with its gradient buffer misaligned (every store cached) must give the same bits. C = 8200

@@ -13,7 +13,7 @@ __global__ void ce_row_kernel(const Acc* z, std::int64_t C, const std::int64_t* 
   const std::int64_t row = blockIdx.x;
   lm::LseState<Acc> st;
   for (std::int64_t c = 0; c < C; ++c) st = lm::lse_combine(st, lm::LseState<Acc>{z[row * C + c], Acc(1)});
-  lm::RowSums<Acc> rs{st.m, lm::lse_finalize(st), Acc(0), Acc(0), Acc(0)};
+  lm::RowSums<Acc> rs{st.m, lm::lse_finalize(st), Acc(0), Acc(0), Acc(0), st.m, std::log(st.s)};
   lm::CeRowParams<Acc> p;
   lm::LogitTransform<Acc> xf;
   const Acc zy = xf.apply(z[row * C + y[row]]);
