@@ -252,6 +252,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
+    if type(label_smoothing) in (float, int) and label_smoothing < 0:
+        label_smoothing = 0.0  # torch checks only label_smoothing <= 1 and smooths only above 0
     red = _TRAINING_REDUCTIONS.get(reduction) if type(reduction) is str else None
     if (red is not None and not inplace and type(input) is _Tensor and type(target) is _Tensor and weight is None
             and size_average is None and reduce is None and not return_lse and not return_z_loss
@@ -278,6 +280,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         dtype = torch.promote_types(input.dtype, target.dtype)
         input, target = input.to(dtype), target.to(dtype)
     loss_dtype = loss_dtype or input.dtype
+    if soft and weight is not None and weight.is_floating_point():
+        # torch's probability-target loss is -(log_softmax(x) * p * w).sum(): the class weights promote it too
+        loss_dtype = torch.promote_types(loss_dtype, weight.dtype)
     args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
     fitted, fitted_target, restore = _fit_class_dims(input, target, soft, same_shape_is_soft=True)
     if _weight_needs_grad("cross_entropy", weight, soft):

@@ -409,7 +409,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta); weighted mean =
-    mean(w l). Computed in the input's dtype (a weight can promote it), as torch."""
+    mean(w l). The loss in the input's dtype (a weight can promote it), as torch; computed in the dtype the target
+    promotes it to (torch's elementwise kernel casts only its result: a float64 target's digits count)."""
     check_optional_tensors("huber_loss", ("weight", 5, weight))
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction)
@@ -420,14 +421,19 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     dtype = _floating_input_type("huber_loss", input)
     if not delta > 0:
         raise RuntimeError(f"huber_loss does not support non-positive values for delta (delta = {delta}).")
+    compute = torch.promote_types(dtype, target.dtype) if target.is_floating_point() else dtype
+    out = dtype
+    if weight is not None:
+        out = _weight_dtype(dtype, weight, len(torch.broadcast_shapes(input.shape, target.shape)))
     if infinite(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
         if weight is not None:
             _check_weight(weight, input)
-        x, t = _prepare((input, target), dtype)
+        x, t = _prepare((input, target), compute)
         w = None if weight is None else weight.expand(x.shape)
-        return _huber_formula(x, t, w, red, delta)
-    return _weighted_loss("huber_loss", dtype, input, target, weight, red, (delta,), False,
-                          out_dtype=torch.float32 if direct else None)
+        loss = _huber_formula(x, t, w, red, delta)
+        return loss if loss.dtype == out else loss.to(out)
+    return _weighted_loss("huber_loss", compute, input, target, weight, red, (delta,), False,
+                          out_dtype=torch.float32 if direct else out)
 
 
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):

@@ -1033,3 +1033,38 @@ def test_large_common_offset_keeps_precision(dtype, offset, options):
     # linear: identity rows times W = the logits' transpose, so input @ W.T is the logits exactly
     got_lin = LF.linear_cross_entropy(torch.eye(6, dtype=dtype), x.t().contiguous(), t, **options)
     torch.testing.assert_close(got_lin.double(), want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_probability_targets_with_wider_class_weights_promote(dtype, weight_dtype, reduction):
+    """torch computes the loss of probability targets as -(log_softmax(x) * p * w).sum(): a class weight of a wider
+    dtype promotes the loss (the gradient stays in the logits' dtype)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 5, generator=gen).to(dtype).requires_grad_()
+    p = torch.softmax(torch.randn(4, 5, generator=gen), -1).to(dtype)
+    w = torch.rand(5, generator=gen, dtype=weight_dtype) + 0.5
+    want = F.cross_entropy(x, p, weight=w, reduction=reduction, label_smoothing=0.1)
+    got = LF.cross_entropy(x, p, weight=w, reduction=reduction, label_smoothing=0.1)
+    assert got.dtype == want.dtype
+    exact = F.cross_entropy(x.double(), p.double(), weight=w.double(), reduction=reduction, label_smoothing=0.1)
+    assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max() + 1e-6
+    (g,) = torch.autograd.grad(got.sum(), x)
+    assert g.dtype == dtype
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["indices", "probabilities"])
+@pytest.mark.parametrize("label_smoothing", [-0.1, -1, -5.0])
+def test_negative_label_smoothing_is_no_smoothing(soft, label_smoothing):
+    """torch checks only label_smoothing <= 1 and smooths only above 0: a negative value is no smoothing."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 6, generator=gen, requires_grad=True)
+    t = torch.softmax(torch.randn(3, 6, generator=gen), -1) if soft else torch.tensor([0, 5, 2])
+    want = F.cross_entropy(x, t, label_smoothing=label_smoothing)
+    got = LF.cross_entropy(x, t, label_smoothing=label_smoothing)
+    assert torch.equal(got, LF.cross_entropy(x, t))
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(want, x)[0])
+    got_module = lossfuse.nn.CrossEntropyLoss(label_smoothing=label_smoothing)(x, t)
+    torch.testing.assert_close(got_module, want)

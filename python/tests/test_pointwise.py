@@ -724,3 +724,24 @@ def test_modules_match_torch(cls, kwargs):
     for a, b in zip(ours_in, theirs_in):
         if b.grad is not None:
             assert_close(a.grad, b.grad, torch.float64, "grad")
+
+
+@pytest.mark.parametrize("input_dtype,target_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.float64),
+                                                     (torch.float16, torch.float32), (torch.float16, torch.float64),
+                                                     (torch.float32, torch.float64)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("delta", [1.0, 0.5, math.inf])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_huber_wider_target_is_not_rounded_first(input_dtype, target_dtype, weighted, delta, reduction):
+    """torch's huber_loss computes d = input - target in the promoted dtype and rounds only the result to the input's
+    dtype: a float64 target 1.001 against a bfloat16 1 gives 5e-7, not 0. The loss's dtype is torch's; its value is
+    within one rounding (to the input's dtype) of the float64 loss of the same values."""
+    x = torch.tensor([1.0, 2.0, 5.0, -3.0], dtype=input_dtype)
+    t = torch.tensor([1.001, 2.003, 1.0, -3.25], dtype=target_dtype)
+    w = torch.tensor([0.5, 2.0, 1.0, 3.0]) if weighted else None
+    got = LF.huber_loss(x, t, reduction=reduction, delta=delta, weight=w)
+    want = F.huber_loss(x.double(), t.double(), reduction=reduction, delta=delta,
+                        weight=None if w is None else w.double())
+    assert got.dtype == F.huber_loss(x, t, reduction=reduction, delta=delta, weight=w).dtype
+    eps = torch.finfo(got.dtype).eps
+    torch.testing.assert_close(got.double(), want, rtol=eps, atol=torch.finfo(got.dtype).tiny)
