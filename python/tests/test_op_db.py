@@ -669,3 +669,28 @@ def test_transforms_under_outer_autograd_keep_the_second_derivative(name, compil
             results.append(torch.autograd.grad(outer, x)[0])
         torch.testing.assert_close(results[1], results[0], msg=lambda m, n=tname: f"{n}: {m}")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "mse_loss"])
+def test_compiled_grad_of_a_model_loss(name):
+    """torch.func.grad of a model's loss with respect to its input (adversarial examples), compiled: torch's gradient
+    with the model's parameters requiring grad (an autograd graph around the transform: the loss runs after a graph
+    break, see README) and, with them frozen, in one graph (fullgraph=True)."""
+    g = torch.Generator().manual_seed(8)
+    model = torch.nn.Linear(4, 6).double()
+    x = torch.randn(5, 4, dtype=torch.float64, generator=g)
+    t = torch.randint(0, 6, (5,), generator=g)
+    y = torch.randn(5, 6, dtype=torch.float64, generator=g)
+
+    def step(F):
+        if name == "cross_entropy":
+            return torch.func.grad(lambda inp: F.cross_entropy(model(inp), t))
+        return torch.func.grad(lambda inp: F.mse_loss(model(inp), y))
+
+    for frozen in (False, True):
+        model.requires_grad_(not frozen)
+        want = step(torch.nn.functional)(x)
+        torch._dynamo.reset()
+        got = torch.compile(step(LF), fullgraph=frozen)(x)
+        torch.testing.assert_close(got, want, msg=lambda m, f=frozen: f"frozen {f}: {m}")
+    torch._dynamo.reset()
