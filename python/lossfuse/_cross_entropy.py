@@ -247,13 +247,15 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
     Precision: the loss, and the gradient written in the forward pass, keep the precision of the logits' differences
     whatever their common offset (as torch's log_softmax); a gradient made in backward from the saved lse (reduction
-    'none') carries lse's rounding, a relative error up to ulp(lse) / 2 per probability (float32: 6e-5 at |lse| ~ 1e3).
+    'none', and the rarer roads that remake it: a non-finite upstream gradient, autocast's float32 loss under an
+    upstream gradient other than 1, vmap) carries lse's rounding, a relative error up to ulp(lse) / 2 per probability
+    (float32: 6e-5 at |lse| ~ 1e3).
 
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
-    if type(label_smoothing) in (float, int) and label_smoothing < 0:
-        label_smoothing = 0.0  # torch checks only label_smoothing <= 1 and smooths only above 0
+    if not isinstance(label_smoothing, torch.SymFloat) and float(label_smoothing) < 0:
+        label_smoothing = 0.0  # torch checks only label_smoothing <= 1 and smooths only above 0 (NaN still raises)
     red = _TRAINING_REDUCTIONS.get(reduction) if type(reduction) is str else None
     if (red is not None and not inplace and type(input) is _Tensor and type(target) is _Tensor and weight is None
             and size_average is None and reduce is None and not return_lse and not return_z_loss

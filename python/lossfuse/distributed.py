@@ -89,9 +89,10 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
                                 f"shape without the classes), got {tuple(target.shape)}")
         if input.shape[-1] < 1:
             raise ArgumentError(f"lossfuse: {name}: input: expected at least one class on this rank, got 0")
-        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), float(label_smoothing),
-                float(logit_scale), float(softcap), float(z_loss_scale))
-        if not 0.0 <= args[2] <= 1.0:
+        eps = float(label_smoothing)
+        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), 0.0 if eps < 0 else eps,
+                float(logit_scale), float(softcap), float(z_loss_scale))  # negative: no smoothing, as torch
+        if not args[2] <= 1.0:
             raise ArgumentError(f"lossfuse: {name}: label_smoothing: expected a value in [0, 1], got "
                                 f"{label_smoothing}")
         if (vocab_start is None) != (vocab_size is None):

@@ -1055,9 +1055,14 @@ def test_probability_targets_with_wider_class_weights_promote(dtype, weight_dtyp
 
 
 @pytest.mark.parametrize("soft", [False, True], ids=["indices", "probabilities"])
-@pytest.mark.parametrize("label_smoothing", [-0.1, -1, -5.0])
+@pytest.mark.parametrize("label_smoothing", [-0.1, -1, -5.0, "numpy", "tensor"])
 def test_negative_label_smoothing_is_no_smoothing(soft, label_smoothing):
-    """torch checks only label_smoothing <= 1 and smooths only above 0: a negative value is no smoothing."""
+    """torch checks only label_smoothing <= 1 and smooths only above 0: a negative value is no smoothing (also given
+    as a numpy scalar or a 0-d tensor)."""
+    if label_smoothing == "numpy":
+        label_smoothing = pytest.importorskip("numpy").float32(-0.1)
+    elif label_smoothing == "tensor":
+        label_smoothing = torch.tensor(-0.1)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 6, generator=gen, requires_grad=True)
     t = torch.softmax(torch.randn(3, 6, generator=gen), -1) if soft else torch.tensor([0, 5, 2])

@@ -144,6 +144,7 @@ def case_values(rank, world):
              edit=lambda x, t: t.masked_fill_(t == -100, 0))  # ignore_index 0, a class of the first slice
     for target_dtype in (torch.uint8, torch.int16, torch.int32):
         one_case(rank, world, torch.float32, dict(reduction="sum"), target_dtype=target_dtype)
+    one_case(rank, world, torch.float32, dict(label_smoothing=-0.3))  # negative: no smoothing, as torch
     one_case(rank, world, torch.float32, dict(), shape=(7,))  # (N, V_rank)
     one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4))
     # inplace=True: the gradient written over each rank's logits in backward

@@ -228,14 +228,12 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
   }
   if (st.m == -kInf) return false;
   rs.m = ref;
-  // top = the row's max z (a shift may lag it by up to kSlack), so that log_s lies in [0, log C] and is rounded
-  // relative to that: lse - z_y = (top - z_y) + log_s then keeps its relative precision down to tiny losses.
-  rs.top = st.m;
-  Acc s = st.s;
-  if (row_max > st.m) {
-    s *= std::exp(st.m - row_max);
-    rs.top = row_max;
-  }
+  // top = the row's max z, so that log_s lies in [0, log C] and is rounded relative to that: lse - z_y =
+  // (top - z_y) + log_s then keeps its relative precision down to tiny losses. The shift of the sum may lag the max
+  // by up to kSlack, or lie above it by as much (0, the first chunk's fallback when its first vector holds only
+  // -inf): s moves by e^(+-kSlack) at most, within float32's range.
+  rs.top = row_max;
+  const Acc s = row_max != st.m ? st.s * std::exp(st.m - row_max) : st.s;
   rs.log_s = std::log(s);
   rs.lse = rs.top + rs.log_s;
   rs.sum_wz = hn::GetLane(hn::SumOfLanes(d, swz));

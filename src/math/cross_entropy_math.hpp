@@ -63,7 +63,7 @@ struct LogitTransform {
 
 template <class Acc>
 struct RowSums {
-  Acc m;        // the reference of the sums below: a value inside the row's range (the row max, or a chunk's shift)
+  Acc m;        // the reference of the sums below (the row max, or the first chunk's shift)
   Acc lse;      // log-sum-exp of z
   Acc sum_wz;   // sum w_c (z_c - m); 0 unless needed
   Acc sum_wp;   // soft targets: sum w_c p_c

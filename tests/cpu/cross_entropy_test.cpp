@@ -1072,6 +1072,40 @@ TEST(CrossEntropyMisc, LargeCommonOffsetKeepsLossAndGradientPrecision) {
       }
 }
 
+// A row whose first vector holds only -inf starts its sum at shift 0 (no finite guess); with every value in
+// [-60, 0) it is never re-summed, so the sum's shift lies above the row max. lse - z_y and the fused q_y must still
+// come from the row max (log_s in [0, log C]): a confident row at z ~ -40 (loss 9.5e-6) is within a few ulp of 1,
+// where lse rounded at |z| would be off by up to ulp(40) / 2 = 1.9e-6.
+TEST(CrossEntropyMisc, RowStartingWithInfinitiesKeepsLossPrecision) {
+  const std::int64_t C = 64, R = 2;
+  Tensor logits = Tensor::make(DType::f32, {R, C});
+  Tensor target = Tensor::make(DType::i64, {R});
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::int64_t r = 0; r < R; ++r) {
+    target.set_int(r, 40);
+    for (std::int64_t c = 0; c < C; ++c) logits.set(r * C + c, c < 32 ? -inf : (c == 40 ? -40.0 : -55.0 - r));
+  }
+  CrossEntropyOptions o;
+  o.reduction = Reduction::none;
+  Tensor rows = Tensor::make(DType::f32, {R});
+  lossfuse::cross_entropy_forward(logits.view, target.view, o,
+                                  CrossEntropyOutputs{rows.view, std::nullopt, std::nullopt});
+  o.reduction = Reduction::sum;
+  Tensor total = Tensor::make(DType::f32, {});
+  Tensor grad = Tensor::make(DType::f32, {R, C});
+  lossfuse::cross_entropy_forward_backward(logits.view, target.view, o,
+                                           CrossEntropyOutputs{total.view, std::nullopt, std::nullopt}, std::nullopt,
+                                           grad.view);
+  const double u = 0x1p-24;
+  for (std::int64_t r = 0; r < R; ++r) {
+    const double rest = 31.0 * std::exp(-15.0 - static_cast<double>(r));  // sum of exp(z_c - z_y) over c != y
+    const double loss = std::log1p(rest), g_y = -rest / (1.0 + rest);
+    EXPECT_NEAR(rows.get(r), loss, 4 * u + 8 * u * loss) << "row " << r;
+    EXPECT_NEAR(grad.get(r * C + 40), g_y, 4 * u + 8 * u * std::fabs(g_y)) << "row " << r;
+    EXPECT_EQ(grad.get(r * C), 0.0) << "row " << r;  // exp(-inf)
+  }
+}
+
 // Gradients of 32 MiB and more are written by streaming stores, row by row where a row starts 64-byte aligned
 // (float32; bfloat16 where the hardware rounds pairs). Streaming changes how values are stored, never which:
 // the same problem with its gradient buffer misaligned (every store cached) must give the same bits. C = 8200

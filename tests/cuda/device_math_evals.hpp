@@ -215,7 +215,7 @@ struct CeRowSumsEval {
       p.sum_w += w[c];
       if (pt[c] > pt[y]) y = c;
     }
-    lm::RowSums<Acc> rs{st.m, lm::lse_finalize(st), Acc(0), Acc(0), Acc(0)};
+    lm::RowSums<Acc> rs{st.m, lm::lse_finalize(st), Acc(0), Acc(0), Acc(0), st.m, std::log(st.s)};
     for (std::int64_t c = 0; c < C; ++c) {
       rs.sum_wz += w[c] * (x[c] - rs.m);
       rs.sum_wp += w[c] * pt[c];
