@@ -561,6 +561,8 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
     # generates from the forward and backward, whose lossfuse ops have the vmap rules of register_vmap_rules.
     # torch.func's generated jvp rule lines a list argument's items up against its one tangent (and fails): list
     # arguments (linear_cross_entropy's grad_mask) reach this Function as their items, in their place
+    # read from the schema here, once: torch 2.11's Dynamo cannot trace a FunctionSchema inside the traced calls
+    arity = len(op._schema.arguments)
     sizes = {i: a.N for i, a in enumerate(op._schema.arguments) if isinstance(a.type, torch.ListType)}
 
     def spread(args, grads=False):
@@ -572,7 +574,7 @@ def register_autograd(name, backward, setup_context, composition=None, outputs=1
 
     def gather(flat, as_none=False):
         out, k = [], 0
-        for i in range(len(op._schema.arguments)):
+        for i in range(arity):
             n = sizes.get(i)
             out.append(flat[k] if n is None else (None if as_none else list(flat[k:k + n])))
             k += 1 if n is None else n

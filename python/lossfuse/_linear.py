@@ -235,7 +235,39 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     return (loss, lse.reshape(lead)) if return_lse else loss
 
 
-class LinearCrossEntropyLoss(_tnn.LinearCrossEntropyLoss):
+class _LinearCrossEntropyModule(_tnn.modules.loss._WeightedLoss):
+    """The constructor, attributes and state_dict layout of torch.nn.LinearCrossEntropyLoss (torch >= 2.13), the base
+    of lossfuse's module on the torch releases that predate it: a classifier Linear(in_features, num_classes *
+    prod(out_features)) whose weight and bias forward() views as (num_classes, *out_features, in_features) and
+    (num_classes, *out_features)."""
+
+    def __init__(self, in_features, num_classes, *, out_features=(), bias=False, device=None, dtype=None,
+                 reduction="mean", weight=None, ignore_index=None, label_smoothing=0.0, options=None):
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            raise RuntimeError(f"lossfuse: weight: expected shape {(num_classes,)}, got {tuple(weight.shape)}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise RuntimeError(f"lossfuse: label_smoothing: expected a value in [0, 1], got {label_smoothing}")
+        super().__init__(weight=weight, reduction=reduction)
+        self.num_classes = num_classes
+        self.out_features = tuple(out_features)
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.options = options
+        outputs = num_classes
+        for d in self.out_features:
+            outputs *= d
+        self.linear = _tnn.Linear(in_features, outputs, bias=bias, device=device, dtype=dtype)
+
+    def extra_repr(self):
+        return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
+                f"out_features={self.out_features}, bias={self.linear.bias is not None}, reduction={self.reduction}, "
+                f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}")
+
+
+_LinearCrossEntropyBase = getattr(_tnn, "LinearCrossEntropyLoss", _LinearCrossEntropyModule)
+
+
+class LinearCrossEntropyLoss(_LinearCrossEntropyBase):
     """torch.nn.LinearCrossEntropyLoss (it owns the classifier's linear layer), computed by
     linear_cross_entropy; lossfuse's extras as keyword-only constructor arguments."""
 

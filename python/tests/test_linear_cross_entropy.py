@@ -16,6 +16,14 @@ REDUCTIONS = ["none", "mean", "sum"]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
+
+def torch_linear_ce(input, linear_weight, target, *, linear_bias=None, **kw):
+    """torch.nn.functional.linear_cross_entropy (torch >= 2.13); on older torch its definition, torch's
+    cross_entropy of torch's linear."""
+    if hasattr(F, "linear_cross_entropy"):
+        return F.linear_cross_entropy(input, linear_weight, target, linear_bias=linear_bias, **kw)
+    return F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, **kw)
+
 def make(n, h, v, dtype, seed=0, ignored=0.2):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, h, generator=g, dtype=torch.float64).to(dtype)
@@ -96,13 +104,61 @@ def test_options(reduction, opts, bias):
 def test_matches_torch_linear_cross_entropy_and_module():
     x, w, b, t = make(40, 12, 97, torch.float32, seed=3)
     ours = LF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.05)
-    theirs = F.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.05)
+    theirs = torch_linear_ce(x, w, t, linear_bias=b, label_smoothing=0.05)
     torch.testing.assert_close(ours, theirs)
     torch.manual_seed(0)
     m_ours = lossfuse.nn.LinearCrossEntropyLoss(12, 97, bias=True)
     torch.manual_seed(0)
-    m_theirs = torch.nn.LinearCrossEntropyLoss(12, 97, bias=True)
+    if hasattr(torch.nn, "LinearCrossEntropyLoss"):
+        m_theirs = torch.nn.LinearCrossEntropyLoss(12, 97, bias=True)
+    else:  # torch < 2.13: the same module is a Linear(12, 97) whose logits go through cross_entropy
+        m_theirs = torch.nn.Sequential()
+        m_theirs.linear = torch.nn.Linear(12, 97, bias=True)
+        m_theirs.forward = lambda x, t: F.cross_entropy(m_theirs.linear(x), t)
     torch.testing.assert_close(m_ours(x, t), m_theirs(x, t))
+    assert m_ours.state_dict().keys() == m_theirs.state_dict().keys()
+    # the constructor's other arguments, as torch's module takes them
+    m = lossfuse.nn.LinearCrossEntropyLoss(12, 5, out_features=(3,), bias=False, dtype=torch.float64,
+                                           reduction="sum", weight=torch.ones(5), ignore_index=2, label_smoothing=0.1)
+    assert (m.linear.weight.shape, m.linear.bias, m.linear.weight.dtype) == ((15, 12), None, torch.float64)
+    assert (m.num_classes, m.out_features, m.reduction, m.ignore_index, m.label_smoothing) == (5, (3,), "sum", 2, 0.1)
+    with pytest.raises(RuntimeError, match="weight"):
+        lossfuse.nn.LinearCrossEntropyLoss(12, 5, weight=torch.ones(4))
+    with pytest.raises(RuntimeError, match="label_smoothing"):
+        lossfuse.nn.LinearCrossEntropyLoss(12, 5, label_smoothing=1.5)
+
+
+@pytest.mark.filterwarnings("ignore:lossfuse.linear_cross_entropy. probability targets")
+def test_module_base_for_torch_without_linear_cross_entropy_loss():
+    """torch < 2.13 has no torch.nn.LinearCrossEntropyLoss; lossfuse's module then derives from its own base, which
+    must build the classifier as torch's module does: the same parameters from the same seed, state_dict keys,
+    attributes, argument checks, and (through lossfuse's forward) the loss of cross_entropy(linear(x), t)."""
+    from lossfuse._linear import _LinearCrossEntropyModule
+    x, _, _, t = make(40, 12, 15, torch.float64, seed=11)
+    t = t.view(40, 1).expand(40, 3).clamp(min=0) % 5  # out_features (3,): 5 classes per position
+    kwargs = dict(out_features=(3,), bias=True, dtype=torch.float64, reduction="sum", label_smoothing=0.1)
+    torch.manual_seed(2)
+    own = _LinearCrossEntropyModule(12, 5, **kwargs)
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(12, 15, bias=True, dtype=torch.float64)
+    assert own.state_dict().keys() == {"linear.weight", "linear.bias"}
+    torch.testing.assert_close(own.linear.weight, lin.weight, rtol=0, atol=0)
+    torch.testing.assert_close(own.linear.bias, lin.bias, rtol=0, atol=0)
+    assert (own.num_classes, own.out_features, own.reduction, own.ignore_index, own.label_smoothing, own.weight) == \
+        (5, (3,), "sum", None, 0.1, None)
+    if hasattr(torch.nn, "LinearCrossEntropyLoss"):
+        torch.manual_seed(2)
+        theirs = torch.nn.LinearCrossEntropyLoss(12, 5, **kwargs)
+        for k, v in theirs.state_dict().items():
+            torch.testing.assert_close(own.state_dict()[k], v, rtol=0, atol=0)
+    own.extras = {}
+    got = lossfuse.nn.LinearCrossEntropyLoss.forward(own, x, t)  # lossfuse's forward on this base
+    want = F.cross_entropy(lin(x).view(40, 5, 3), t, reduction="sum", label_smoothing=0.1)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="weight: expected shape"):
+        _LinearCrossEntropyModule(12, 5, weight=torch.ones(4))
+    with pytest.raises(RuntimeError, match="label_smoothing"):
+        _LinearCrossEntropyModule(12, 5, label_smoothing=-0.1)
 
 
 def test_unbatched_and_all_ignored():
@@ -260,7 +316,7 @@ def test_target_shape_must_match_the_rows():
     x, w, b, t = make(5, 4, 7, torch.float64, seed=8)
     for bad in (t.view(5, 1), t.view(1, 5), t[:4]):
         with pytest.raises(Exception) as theirs:
-            F.linear_cross_entropy(x, w, bad)
+            torch_linear_ce(x, w, bad)
         with pytest.raises(type(theirs.value), match="target"):
             LF.linear_cross_entropy(x, w, bad)
     with pytest.raises(RuntimeError, match="target"):
@@ -273,7 +329,7 @@ def test_no_features(reduction):
     x, w, b, t = make(5, 4, 7, torch.float64, seed=9)
     leaves = (x[:, :0].clone().requires_grad_(), w[:, :0].clone().requires_grad_(), b.requires_grad_())
     ours = LF.linear_cross_entropy(*leaves[:2], t, linear_bias=leaves[2], reduction=reduction)
-    theirs = F.linear_cross_entropy(*leaves[:2], t, linear_bias=leaves[2], reduction=reduction)
+    theirs = torch_linear_ce(*leaves[:2], t, linear_bias=leaves[2], reduction=reduction)
     torch.testing.assert_close(ours, theirs)
     g = torch.ones_like(theirs)
     for a, c in zip(torch.autograd.grad(ours, leaves, g), torch.autograd.grad(theirs, leaves, g)):

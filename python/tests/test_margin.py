@@ -15,6 +15,7 @@ import lossfuse.nn.functional as LF
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 REDUCTIONS = ["none", "mean", "sum"]
+TORCH_VERSION = tuple(int(v) for v in torch.__version__.split(".")[:2])
 INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 # Relative tolerance on values and gradients against torch computing in float64 on the same (rounded) inputs:
 # lossfuse accumulates in float32, and 16-bit results (and the 16-bit upstream gradient) are rounded once.
@@ -292,8 +293,10 @@ def test_triplet_eps_is_added_to_the_difference():
     n = torch.ones(3, 4, dtype=torch.float64)
     for eps in [0.0, 1e-6, 0.25]:
         for p in [1.0, 2.0]:
-            check_against_torch("triplet_margin_loss", [a, a.clone(), n], dict(eps=eps, p=p, reduction="none"),
-                                (0, 1, 2), torch.float64)
+            # margin 5: every row in the hinge's active part, none on its kink (eps 0.25, p 2 and margin 1 sit on it,
+            # where torch 2.11's clamp passed the gradient and later torch does not), the zero distance (eps 0) too
+            check_against_torch("triplet_margin_loss", [a, a.clone(), n],
+                                dict(eps=eps, p=p, reduction="none", margin=5.0), (0, 1, 2), torch.float64)
             ours = LF.triplet_margin_loss(a, a, n, eps=eps, p=p, reduction="none", margin=5.0)
             d_ap = 4 ** (1 / p) * eps  # ||0 - 0 + eps||_p over 4 entries
             d_an = 4 ** (1 / p) * abs(eps - 1)
@@ -658,7 +661,9 @@ BAD = [
 def test_bad_input_raises_like_torch(name, make, kwargs, error, match):
     with pytest.raises(error, match=match):
         getattr(LF, name)(*make(), **kwargs)
-    with pytest.raises(error):  # torch's own exception type for the same input
+    # torch's own exception type for the same input (torch 2.11 raised RuntimeError where later torch raises
+    # NotImplementedError, a RuntimeError, for bool operands)
+    with pytest.raises(RuntimeError if error is NotImplementedError and TORCH_VERSION < (2, 15) else error):
         TF[name](*make(), **kwargs)
 
 
