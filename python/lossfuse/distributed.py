@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ._common import ArgumentError, acc_dtype, as_argument_error, reduction_code
 from ._cross_entropy import _no_internal_overlap
 
-__all__ = ["vocab_parallel_cross_entropy"]
+__all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_linear_cross_entropy"]
 
 _LOCAL_IGNORE = -1  # the ignore_index of the local targets handed to the kernels (never a class of a slice)
 
@@ -116,12 +116,13 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         return (e if isinstance(e, TypeError) else as_argument_error(e)), None
 
 
-def _agree(name, input, target, vocab_start, vocab_size, error, args, group):
+def _agree(name, input, target, vocab_start, vocab_size, error, args, group, device=None):
     """One small all_gather of every rank's slice, rows, targets' range and checksum, options, and whether its own
     checks failed: every rank then raises together, or finds its (vocab_start, vocab_size). Checked here, the same on
     every rank: the slices tile [0, vocab_size) once (in rank order when none is given), the targets and options
     are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index."""
-    device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+    if device is None:
+        device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
     mine = [1] + [0] * (len(_INFO) - 1)
     if error is None:
         try:  # nothing may raise on one rank alone before the all_gather
@@ -207,91 +208,282 @@ def _transform(x, logit_scale, softcap):
     return z, torch.full_like(z, logit_scale)
 
 
+def _slice_stats(x, t, ignore_index, eps, scale, softcap, start):
+    """Per-row statistics of one slice of the vocabulary, x (rows, C_rank) its logits, t (rows) the global targets
+    (int64): (stats, t_local, valid, mine), stats (3, rows) in the accumulation dtype holding the slice's log-sum-exp,
+    the target's z where the target falls in this slice (else 0) and, with label smoothing, the sum of the slice's z;
+    t_local the targets handed to the kernels; valid the counted rows; mine the rows whose target is in this slice."""
+    classes = x.shape[1]
+    acc = acc_dtype(x)
+    valid = t != ignore_index
+    mine = valid & (t >= start) & (t < start + classes)
+    # Local targets for the kernels: the class in this slice, class 0 for a target in another slice (its term is
+    # replaced in backward), _LOCAL_IGNORE for ignored rows.
+    t_local = torch.where(mine, t - start, 0).masked_fill_(~valid, _LOCAL_IGNORE)
+
+    # The slice's log-sum-exp per row, by one read of the logits. With label smoothing the same pass gives the
+    # sum of the slice's z: the kernel's row loss at label_smoothing 1 is lse - sum(z) / C_rank (for every row
+    # counted; the target does not enter it).
+    loss_local, lse_local = torch.ops.lossfuse.cross_entropy(x, t_local, None, 0, _LOCAL_IGNORE,
+                                                             1.0 if eps > 0 else 0.0, scale, softcap, 0.0,
+                                                             False)[:2]
+    stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
+    odd = lse_local.isnan()
+    if eps > 0:
+        stats[2] = (lse_local - loss_local) * classes
+        odd |= loss_local.isnan()  # a local target logit of -inf: the kernel's 0 * inf in the unused target term
+    if bool(odd.any()):
+        # The kernel's NaN lse also marks a row whose z are all -inf, which in a slice only means that the slice
+        # adds nothing to the row's sum: its log-sum-exp is -inf. These rows' sums of z are taken directly.
+        z_rows = _transform(x[odd].to(acc), scale, softcap)[0]
+        lse_local[odd] = torch.where(torch.isneginf(z_rows).all(1), -torch.inf, lse_local[odd])
+        stats[2, odd] = z_rows.sum(1) if eps > 0 else 0
+    z_target = _transform(x.gather(1, t_local.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc), scale, softcap)[0]
+    stats[0] = lse_local
+    stats[1] = torch.where(mine, z_target, 0)
+    return stats, t_local, valid, mine
+
+
+def _full_rows(stats, valid, eps, zs, vocab, group):
+    """Gathers every rank's per-row statistics (one all_gather): (lse, loss) per row of the whole vocabulary."""
+    gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, stats, group=group)
+    gathered = torch.stack(gathered)
+    lse = torch.logsumexp(gathered[:, 0], 0)
+    lse = lse.masked_fill(torch.isneginf(lse), torch.nan)  # a row of only -inf: NaN, its gradient too, as torch
+    z_t = gathered[:, 1].sum(0)
+    rows = lse - (1 - eps) * z_t + zs * lse * lse
+    if eps > 0:
+        rows = rows - (eps / vocab) * gathered[:, 2].sum(0)
+    return lse, torch.where(valid, rows, 0)
+
+
+def _whole_loss(stats, valid, options, target_shape, dtype):
+    """(lse, counted rows, loss in dtype) of the whole vocabulary from this rank's per-row statistics."""
+    red, _, eps, _, _, zs, _, vocab, group = options[:9]
+    lse, rows = _full_rows(stats, valid, eps, zs, vocab, group)
+    count = valid.sum()
+    loss = _reduce(rows, red, count, lse.dtype)
+    return lse, count, (loss.reshape(target_shape) if red == 0 else loss).to(dtype)
+
+
+def _reduce(rows, red, count, acc):
+    if red == 0:
+        return rows
+    loss = rows.double().sum()
+    return (loss / count if red == 1 else loss).to(acc)
+
+
+def _slice_grad(x, t_local, lse, valid, mine, go, red, count, options, inplace):
+    """The gradient of one slice's logits x (rows, C_rank) from the whole vocabulary's lse: go the upstream gradient
+    (per row for reduction 'none', else the scalar) in the accumulation dtype, count the counted rows of the whole
+    batch. inplace: written over x."""
+    _, _, eps, scale, softcap, zs, _, vocab = options[:8]
+    classes = x.shape[1]
+    acc = lse.dtype
+    # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
+    # before an in-place gradient overwrites it.
+    idx = valid.nonzero().squeeze(1)
+    p = t_local[idx]
+    z, dz = _transform(x[idx, p].to(acc), scale, softcap)
+    # Every element from the full lse by the backward kernel. With label smoothing eps_k = eps * C_rank / V, the
+    # kernel's eps_k / C_rank is the full vocabulary's eps / V (and its softmax coefficient stays 1); its target
+    # term, at the local target, is replaced just below.
+    eps_k = eps * classes / vocab
+    # the kernel runs as for 'none', given each row's scale: a chunk of rows cannot see the whole batch's count
+    go_k = go if red == 0 else (go / count if red == 1 else go).expand(x.shape[0]).contiguous()
+    args = (lse, None, 0, _LOCAL_IGNORE, eps_k, scale, softcap, zs)
+    if inplace:
+        torch.ops.lossfuse._cross_entropy_backward_inplace(go_k, x, t_local, *args)
+        g = x.detach()
+    else:
+        g = torch.ops.lossfuse.cross_entropy_backward(go_k, x, t_local, *args)
+    # The gradient of the full loss at those elements, q A - eps / V - (1 - eps) [target here], rounded once.
+    lse_i = lse[idx]
+    a = 1 + 2 * zs * lse_i
+    b = eps / vocab + (1 - eps) * mine[idx].to(acc)
+    g[idx, p] = ((torch.exp(z - lse_i) * a - b) * go_k[idx] * dz).to(g.dtype)
+    return g
+
+
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, options):
-        red, ignore_index, eps, scale, softcap, zs, start, vocab, group, _ = options
-        classes = input.shape[-1]
-        x = input.reshape(-1, classes)
-        acc = acc_dtype(input)
-        t = target.reshape(-1).long()
-        valid = t != ignore_index
-        mine = valid & (t >= start) & (t < start + classes)
-        # Local targets for the kernels: the class in this slice, class 0 for a target in another slice (its term is
-        # replaced in backward), _LOCAL_IGNORE for ignored rows.
-        t_local = torch.where(mine, t - start, 0).masked_fill_(~valid, _LOCAL_IGNORE)
-
-        # The slice's log-sum-exp per row, by one read of the logits. With label smoothing the same pass gives the
-        # sum of the slice's z: the kernel's row loss at label_smoothing 1 is lse - sum(z) / C_rank (for every row
-        # counted; the target does not enter it).
-        loss_local, lse_local = torch.ops.lossfuse.cross_entropy(x, t_local, None, 0, _LOCAL_IGNORE,
-                                                                 1.0 if eps > 0 else 0.0, scale, softcap, 0.0,
-                                                                 False)[:2]
-        stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
-        odd = lse_local.isnan()
-        if eps > 0:
-            stats[2] = (lse_local - loss_local) * classes
-            odd |= loss_local.isnan()  # a local target logit of -inf: the kernel's 0 * inf in the unused target term
-        if bool(odd.any()):
-            # The kernel's NaN lse also marks a row whose z are all -inf, which in a slice only means that the slice
-            # adds nothing to the row's sum: its log-sum-exp is -inf. These rows' sums of z are taken directly.
-            z_rows = _transform(x[odd].to(acc), scale, softcap)[0]
-            lse_local[odd] = torch.where(torch.isneginf(z_rows).all(1), -torch.inf, lse_local[odd])
-            stats[2, odd] = z_rows.sum(1) if eps > 0 else 0
-        z_target = _transform(x.gather(1, t_local.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc), scale, softcap)[0]
-        stats[0] = lse_local
-        stats[1] = torch.where(mine, z_target, 0)
-
-        gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(gathered, stats, group=group)
-        gathered = torch.stack(gathered)
-        lse = torch.logsumexp(gathered[:, 0], 0)
-        lse = lse.masked_fill(torch.isneginf(lse), torch.nan)  # a row of only -inf: NaN, its gradient too, as torch
-        z_t = gathered[:, 1].sum(0)
-        rows = lse - (1 - eps) * z_t + zs * lse * lse
-        if eps > 0:
-            rows = rows - (eps / vocab) * gathered[:, 2].sum(0)
-        rows = torch.where(valid, rows, 0)
-        count = valid.sum()
-        if red == 0:
-            loss = rows.reshape(target.shape)
-        else:
-            loss = rows.double().sum()
-            loss = (loss / count if red == 1 else loss).to(acc)
-
+        _, ignore_index, eps, scale, softcap, _, start = options[:7]
+        x = input.reshape(-1, input.shape[-1])
+        stats, t_local, valid, mine = _slice_stats(x, target.reshape(-1).long(), ignore_index, eps, scale, softcap,
+                                                   start)
+        lse, count, loss = _whole_loss(stats, valid, options, target.shape, input.dtype)
         ctx.save_for_backward(x, t_local, lse, valid, mine, count)
         ctx.options = options
         ctx.input_shape = input.shape
-        return loss.to(input.dtype)
+        return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         x, t_local, lse, valid, mine, count = ctx.saved_tensors
-        red, _, eps, scale, softcap, zs, _, vocab, _, inplace = ctx.options
-        classes = x.shape[1]
-        acc = lse.dtype
-        go = grad_loss.to(acc)
-        go_rows = go.reshape(-1) if red == 0 else go
-        # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
-        # before an in-place gradient overwrites it.
-        idx = valid.nonzero().squeeze(1)
-        p = t_local[idx]
-        z, dz = _transform(x[idx, p].to(acc), scale, softcap)
-        # Every element from the full lse by the backward kernel. With label smoothing eps_k = eps * C_rank / V, the
-        # kernel's eps_k / C_rank is the full vocabulary's eps / V (and its softmax coefficient stays 1); its target
-        # term, at the local target, is replaced just below.
-        eps_k = eps * classes / vocab
-        args = (lse, None, red, _LOCAL_IGNORE, eps_k, scale, softcap, zs)
-        if inplace:
-            torch.ops.lossfuse._cross_entropy_backward_inplace(go_rows, x, t_local, *args)
-            g = x.detach()
-        else:
-            g = torch.ops.lossfuse.cross_entropy_backward(go_rows, x, t_local, *args)
-        # The gradient of the full loss at those elements, q A - eps / V - (1 - eps) [target here], rounded once.
-        lse_i = lse[idx]
-        a = 1 + 2 * zs * lse_i
-        b = eps / vocab + (1 - eps) * mine[idx].to(acc)
-        gs = go_rows[idx] if red == 0 else (go / count if red == 1 else go)
-        g[idx, p] = ((torch.exp(z - lse_i) * a - b) * gs * dz).to(g.dtype)
+        red, inplace = ctx.options[0], ctx.options[-1]
+        go = grad_loss.to(lse.dtype)
+        g = _slice_grad(x, t_local, lse, valid, mine, go.reshape(-1) if red == 0 else go, red, count, ctx.options,
+                        inplace)
         return g.reshape(ctx.input_shape), None, None
+
+
+def vocab_parallel_linear_cross_entropy(input, linear_weight, target, group=None, *, linear_bias=None,
+                                        vocab_start=None, vocab_size=None, ignore_index=-100, reduction="mean",
+                                        label_smoothing=0.0, logit_scale=1.0, softcap=0.0, z_loss_scale=0.0,
+                                        chunk_rows=0, reduce_input_grad=True):
+    """cross_entropy(input @ W.T + b, target) over a vocabulary whose classifier W is split across the ranks of
+    `group` (a vocabulary-parallel output layer), without the N x V logits on any rank, nor N x V / world on one.
+
+    input: the hidden states, (..., H), the same on every rank. linear_weight: this rank's rows of the classifier,
+        (C_rank, H), classes [vocab_start, vocab_start + C_rank) of the vocabulary; linear_bias: (C_rank) or None.
+        One float dtype for all three.
+    target, vocab_start, vocab_size, ignore_index, reduction, label_smoothing, logit_scale, softcap, z_loss_scale:
+        as vocab_parallel_cross_entropy (the same checks, every rank raising together).
+    chunk_rows: rows of logits made at a time (0: as many as fit 32 MiB of the accumulation dtype). Each rank
+        makes its slice's logits a chunk at a time, in float32 for 16-bit operands (float64 for float64), and keeps
+        none: the forward keeps per-row statistics, gathered as vocab_parallel_cross_entropy does; backward makes
+        each chunk's logits again, turns them into their gradient from the whole vocabulary's log-sum-exp (in place)
+        and adds its products into the gradients of input, W and b (float32 accumulators for 16-bit operands).
+    reduce_input_grad: the input's gradient is summed over the ranks (an all_reduce), so that each rank gets the
+        gradient of the whole loss; False leaves each rank its own slice's share (for a caller whose own
+        communication sums it, as a tensor-parallel region's backward does).
+
+    Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype. Eager autograd,
+    first derivatives. Collectives: two small all_gathers in the forward (the argument check, then 3 numbers per
+    row and rank), one all_reduce of N x H in backward when reduce_input_grad.
+    """
+    name = "vocab_parallel_linear_cross_entropy"
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"lossfuse: {name}: torch.distributed is not initialized (init_process_group first)")
+    error, logits_like = _linear_arguments(name, input, linear_weight, linear_bias, target, chunk_rows)
+    if error is None:
+        error, args = _local_arguments(name, logits_like, target, vocab_start, vocab_size, ignore_index, reduction,
+                                       label_smoothing, logit_scale, softcap, z_loss_scale, False)
+    else:
+        args = None
+    device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+    vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group, device)
+    red, ignore_index, eps, scale, cap, zs = args
+    classes = linear_weight.shape[0]
+    acc = acc_dtype(input)
+    rows = int(chunk_rows) or max(1, (32 << 20) // (classes * torch.finfo(acc).bits // 8))
+    try:
+        return _VocabParallelLinearCE.apply(input, linear_weight, linear_bias, target,
+                                            (red, ignore_index, eps, scale, cap, zs, vocab_start, vocab_size, group,
+                                             rows, bool(reduce_input_grad)))
+    except ValueError as e:
+        raise as_argument_error(e) from None
+
+
+def _linear_arguments(name, input, weight, bias, target, chunk_rows):
+    """This rank's checks of the linear operands, raising nothing: (the error or None, a meta tensor shaped as this
+    rank's logits, (..., C_rank), for the checks shared with vocab_parallel_cross_entropy)."""
+    try:
+        for arg, v in (("input", input), ("linear_weight", weight)):
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"{name}(): {arg} must be a tensor, got {type(v).__name__}")
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{name}(): linear_bias must be a tensor or None, got {type(bias).__name__}")
+        if input.dtype not in _DTYPES:
+            raise ArgumentError(f"lossfuse: {name}: input: expected float32, float64, bfloat16 or float16, got "
+                                f"{input.dtype}")
+        if input.dim() < 1 or weight.dim() != 2 or weight.shape[1] != input.shape[-1]:
+            raise ArgumentError(f"lossfuse: {name}: linear_weight: expected shape (C_rank, {input.shape[-1]}) "
+                                f"(input's last dimension), got {tuple(weight.shape)}")
+        if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+            raise ArgumentError(f"lossfuse: {name}: linear_bias: expected shape ({weight.shape[0]},), got "
+                                f"{tuple(bias.shape)}")
+        for arg, v in (("linear_weight", weight), ("linear_bias", bias)):
+            if v is not None and (v.dtype != input.dtype or v.device != input.device):
+                raise ArgumentError(f"lossfuse: {name}: {arg}: expected the input's dtype and device "
+                                    f"({input.dtype}, {input.device}), got {v.dtype}, {v.device}")
+        if int(chunk_rows) < 0:
+            raise ArgumentError(f"lossfuse: {name}: chunk_rows: expected 0 (auto) or a positive count, got "
+                                f"{chunk_rows}")
+        return None, torch.empty((*input.shape[:-1], weight.shape[0]), dtype=input.dtype, device="meta")
+    except Exception as e:  # noqa: BLE001  (raised on every rank by _agree)
+        return (e if isinstance(e, TypeError) else as_argument_error(e)), None
+
+
+_CLASS_BLOCK = 4096  # classes of a 16-bit weight converted to float32 at a time
+
+
+def _weight_blocks(w, acc):
+    """(first class, the rows of w from it in acc): the whole of w when it is in acc, else blocks of classes."""
+    if w.dtype == acc:
+        yield 0, w
+        return
+    for c0 in range(0, w.shape[0], _CLASS_BLOCK):
+        yield c0, w[c0:c0 + _CLASS_BLOCK].to(acc)
+
+
+def _chunk_logits(x, w, b, acc):
+    """x (rows, H) @ w.T + b in acc, whatever the operands' dtype."""
+    x = x.to(acc)
+    if w.dtype == acc:
+        return torch.nn.functional.linear(x, w, b)
+    out = torch.empty(x.shape[0], w.shape[0], dtype=acc, device=x.device)
+    for c0, wb in _weight_blocks(w, acc):
+        out[:, c0:c0 + wb.shape[0]] = x @ wb.t()
+    if b is not None:
+        out += b.to(acc)
+    return out
+
+
+class _VocabParallelLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, target, options):
+        _, ignore_index, eps, scale, softcap, _, start = options[:7]
+        chunk = options[9]
+        x = input.reshape(-1, input.shape[-1])
+        t = target.reshape(-1).long()
+        acc = acc_dtype(input)
+        n = x.shape[0]
+        stats = torch.zeros(3, n, dtype=acc, device=x.device)
+        t_local = torch.empty_like(t)
+        valid = torch.empty(n, dtype=torch.bool, device=x.device)
+        mine = torch.empty_like(valid)
+        for r0 in range(0, n, chunk):
+            r1 = min(n, r0 + chunk)
+            logits = _chunk_logits(x[r0:r1], weight, bias, acc)
+            stats[:, r0:r1], t_local[r0:r1], valid[r0:r1], mine[r0:r1] = _slice_stats(
+                logits, t[r0:r1], ignore_index, eps, scale, softcap, start)
+        lse, count, loss = _whole_loss(stats, valid, options, target.shape, input.dtype)
+        ctx.save_for_backward(x, weight, bias, t_local, lse, valid, mine, count)
+        ctx.options = options
+        ctx.input_shape = input.shape
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        x, weight, bias, t_local, lse, valid, mine, count = ctx.saved_tensors
+        red, group, chunk, reduce_dx = ctx.options[0], ctx.options[8], ctx.options[9], ctx.options[10]
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = lse.dtype
+        go = grad_loss.to(acc).reshape(-1) if red == 0 else grad_loss.to(acc)
+        n = x.shape[0]
+        dx = torch.zeros(x.shape, dtype=acc, device=x.device) if need_x else None
+        dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_w else None
+        db = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if need_b and bias is not None else None
+        if need_x or need_w or db is not None:
+            for r0 in range(0, n, chunk):
+                r1 = min(n, r0 + chunk)
+                xc = x[r0:r1].to(acc)
+                g = _slice_grad(_chunk_logits(xc, weight, bias, acc), t_local[r0:r1], lse[r0:r1], valid[r0:r1],
+                                mine[r0:r1], go[r0:r1] if red == 0 else go, red, count, ctx.options[:8], True)
+                for c0, wb in _weight_blocks(weight, acc):
+                    gb = g[:, c0:c0 + wb.shape[0]]
+                    if need_x:
+                        dx[r0:r1].addmm_(gb, wb)
+                    if need_w:
+                        dw[c0:c0 + wb.shape[0]].addmm_(gb.t(), xc)
+                if db is not None:
+                    db += g.sum(0)
+        if need_x and reduce_dx:
+            dist.all_reduce(dx, group=group)
+        return (dx.to(x.dtype).reshape(ctx.input_shape) if need_x else None,
+                dw.to(weight.dtype) if need_w else None, db.to(bias.dtype) if db is not None else None, None, None)

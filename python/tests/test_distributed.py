@@ -1,4 +1,4 @@
-"""lossfuse.distributed.vocab_parallel_cross_entropy against torch's cross_entropy on the whole vocabulary.
+"""lossfuse.distributed's vocab-parallel losses against torch's cross_entropy on the whole vocabulary.
 
 Each test starts its ranks as separate processes (gloo over a file in a temporary directory: nothing leaves the
 machine). Every rank builds the same full logits from a fixed seed, takes its slice of the classes, and checks its
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import lossfuse
 import lossfuse.nn.functional as LF
 from lossfuse.distributed import vocab_parallel_cross_entropy as vpce
+from lossfuse.distributed import vocab_parallel_linear_cross_entropy as vplce
 
 TIMEOUT_S = 240
 
@@ -66,27 +67,34 @@ def my_slice(x, rank, world):
     return x[..., start:start + sizes[rank]], start
 
 
+def torch_loss(x, t, kw):
+    """torch's loss of logits x (classes last) with lossfuse's options (z = softcap tanh(logit_scale x / softcap),
+    z-loss), by cross_entropy on the whole vocabulary."""
+    z = x * kw.get("logit_scale", 1.0)
+    cap = kw.get("softcap", 0.0)
+    if cap:
+        z = cap * torch.tanh(z / cap)
+    ignore = kw.get("ignore_index", -100)
+    loss = F.cross_entropy(z.movedim(-1, 1), t.long(), ignore_index=ignore, reduction="none",
+                           label_smoothing=kw.get("label_smoothing", 0.0))
+    zs = kw.get("z_loss_scale", 0.0)
+    if zs:
+        loss = loss + torch.where(t.long() == ignore, 0.0, zs * torch.logsumexp(z, -1) ** 2)
+    red = kw.get("reduction", "mean")
+    if red == "mean":
+        loss = loss.sum() / (t.long() != ignore).sum()
+    elif red == "sum":
+        loss = loss.sum()
+    return loss
+
+
 def reference(x, t, kw, upstream):
     """torch's loss and gradient on the full logits, in float64 (class dim moved to 1 as torch takes it), and
     torch's own in the input's dtype (for the 16-bit comparison)."""
     out = []
     for dtype in (torch.float64, x.dtype):
         xr = x.detach().to(dtype).requires_grad_()
-        z = xr * kw.get("logit_scale", 1.0)
-        cap = kw.get("softcap", 0.0)
-        if cap:
-            z = cap * torch.tanh(z / cap)
-        ignore = kw.get("ignore_index", -100)
-        loss = F.cross_entropy(z.movedim(-1, 1), t.long(), ignore_index=ignore, reduction="none",
-                               label_smoothing=kw.get("label_smoothing", 0.0))
-        zs = kw.get("z_loss_scale", 0.0)
-        if zs:
-            loss = loss + torch.where(t.long() == ignore, 0.0, zs * torch.logsumexp(z, -1) ** 2)
-        red = kw.get("reduction", "mean")
-        if red == "mean":
-            loss = loss.sum() / (t.long() != ignore).sum()
-        elif red == "sum":
-            loss = loss.sum()
+        loss = torch_loss(xr, t, kw)
         (grad,) = torch.autograd.grad(loss, xr, upstream(loss))
         out.append((loss.detach(), grad))
     return out
@@ -156,6 +164,16 @@ def case_values(rank, world):
     one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4), inplace=True)
 
 
+def raises_on_every_rank(rank, world, what, call):
+    """call() has a bad argument on the last rank only: that rank's error names it, the others' name that rank."""
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        assert (what if rank == world - 1 else f"rank(s) [{world - 1}]") in str(e), str(e)
+    else:
+        raise AssertionError(f"no error on rank {rank} for a bad {what} on rank {world - 1}")
+
+
 def case_edges(rank, world):
     def masked(x, t):  # a row -inf but in the last class (held by the last slice), rows of only -inf
         x[0, 0, :-1] = -math.inf
@@ -217,12 +235,7 @@ def case_edges(rank, world):
                        ("inplace: expected logits whose elements do not share memory",
                         lambda: vpce((mine[..., :1].clone().requires_grad_() * 1).expand_as(mine) if last else mine,
                                      t, inplace=True))]:
-        try:
-            call()
-        except (ValueError, TypeError) as e:
-            assert (what if last else f"rank(s) [{world - 1}]") in str(e), str(e)
-        else:
-            raise AssertionError(f"no error on rank {rank} for a bad {what} on rank {world - 1}")
+        raises_on_every_rank(rank, world, what, call)
         one_case(rank, world, torch.float32, dict())
     # What only the ranks together can see, raised on every rank: slices that do not tile the vocabulary once,
     # targets or options that differ between ranks.
@@ -259,13 +272,123 @@ def case_gradcheck(rank, world):
     torch.testing.assert_close(vpce(x, t, **kw), LF.cross_entropy(x.movedim(-1, 1), t, **kw), rtol=1e-12, atol=0)
 
 
+# ---- vocab_parallel_linear_cross_entropy ----------------------------------------------------------------------------
+
+H = 6
+
+
+def linear_inputs(dtype, lead=(9,), bias=True, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, H, generator=g).to(dtype)
+    w = (torch.randn(V, H, generator=g) * 0.8).to(dtype)
+    b = torch.randn(V, generator=g).to(dtype) if bias else None
+    t = torch.randint(0, V, lead, generator=g)
+    t.view(-1)[::4] = -100
+    return x, w, b, t
+
+
+def linear_case(rank, world, dtype, kw, lead=(9,), bias=True, chunk_rows=0, reduce_input_grad=True,
+                upstream=lambda l: torch.ones_like(l), edit=None):
+    """This rank's loss and its gradients of input, its rows of W and of b, against torch's cross_entropy of torch's
+    linear over the whole classifier (float64; for 16-bit, torch's own error in that dtype bounds ours)."""
+    import torch.distributed as dist
+    x, w, b, t = linear_inputs(dtype, lead, bias)
+    if edit is not None:
+        edit(x, w, b, t)
+    refs = []
+    for d in (torch.float64, dtype):
+        leaves = [a.detach().to(d).requires_grad_() for a in (x, w, b) if a is not None]
+        loss = torch_loss(F.linear(*leaves), t, kw)
+        refs.append((loss.detach(), torch.autograd.grad(loss, leaves, upstream(loss))))
+    (loss64, g64), (loss_t, g_t) = refs
+    start = sum(SPLITS[world][:rank])
+    sl = slice(start, start + SPLITS[world][rank])
+    leaves = [x.clone().requires_grad_(), w[sl].clone().requires_grad_()] + \
+        ([b[sl].clone().requires_grad_()] if bias else [])
+    loss = vplce(leaves[0], leaves[1], t, linear_bias=leaves[2] if bias else None, chunk_rows=chunk_rows,
+                 reduce_input_grad=reduce_input_grad, **kw)
+    what = f"rank {rank}/{world} {dtype} {kw} lead {lead} bias {bias} chunk_rows {chunk_rows}"
+    assert loss.dtype == dtype, f"{what}: loss dtype {loss.dtype}"
+    check_against(loss.detach(), loss64, loss_t, dtype, what + " loss")
+    grads = torch.autograd.grad(loss, leaves, upstream(loss.detach()).to(loss.dtype))
+    assert [g.dtype for g in grads] == [dtype] * len(grads)
+    dx = grads[0]
+    if not reduce_input_grad:  # each rank's share: their sum is the gradient
+        dx = dx.double()
+        dist.all_reduce(dx)
+    check_against(dx, g64[0], g_t[0], dtype, what + " input gradient")
+    check_against(grads[1], g64[1][sl], g_t[1][sl], dtype, what + " weight gradient")
+    if bias:
+        check_against(grads[2], g64[2][sl], g_t[2][sl], dtype, what + " bias gradient")
+
+
+def case_linear(rank, world):
+    for dtype in DTYPES:
+        for reduction in ("mean", "sum", "none"):
+            linear_case(rank, world, dtype, dict(reduction=reduction))
+        linear_case(rank, world, dtype, dict(label_smoothing=0.1, z_loss_scale=1e-2), chunk_rows=2)
+    def upstream_rows(loss):
+        g = torch.Generator().manual_seed(12)
+        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.dtype)
+    linear_case(rank, world, torch.float32, dict(reduction="none", softcap=4.0, logit_scale=1.5, label_smoothing=0.2),
+                upstream=upstream_rows, chunk_rows=4)
+    linear_case(rank, world, torch.float32, dict(reduction="sum"), upstream=lambda l: torch.full_like(l, 3.7))
+    linear_case(rank, world, torch.float64, dict(), bias=False, chunk_rows=1)
+    linear_case(rank, world, torch.float32, dict(label_smoothing=0.1), lead=(2, 3))
+    linear_case(rank, world, torch.bfloat16, dict(label_smoothing=0.1), reduce_input_grad=False)
+    linear_case(rank, world, torch.float32, dict(ignore_index=7), edit=lambda x, w, b, t: t.fill_(7))  # all ignored
+    linear_case(rank, world, torch.float32, dict(), lead=(0,))  # no rows
+    import lossfuse.distributed as D  # 16-bit weights converted to float32 a few classes at a time
+    saved, D._CLASS_BLOCK = D._CLASS_BLOCK, 8
+    try:
+        for dtype in (torch.bfloat16, torch.float16):
+            linear_case(rank, world, dtype, dict(label_smoothing=0.1, z_loss_scale=1e-2), chunk_rows=4)
+    finally:
+        D._CLASS_BLOCK = saved
+
+    # bad operands on one rank: every rank raises (the others name it), then the ranks are still in step
+    x, w, b, t = linear_inputs(torch.float32)
+    start = sum(SPLITS[world][:rank])
+    ws, bs = w[start:start + SPLITS[world][rank]], b[start:start + SPLITS[world][rank]]
+    last = rank == world - 1
+    for what, call in [("linear_weight: expected shape", lambda: vplce(x, ws[:, :4] if last else ws, t)),
+                       ("linear_bias: expected shape", lambda: vplce(x, ws, t, linear_bias=bs[:1] if last else bs)),
+                       ("linear_weight: expected the input's dtype", lambda: vplce(x, ws.double() if last else ws, t)),
+                       ("chunk_rows", lambda: vplce(x, ws, t, chunk_rows=-1 if last else 0)),
+                       ("target: expected shape", lambda: vplce(x, ws, t[:5] if last else t)),
+                       ("must be a tensor", lambda: vplce(x.tolist() if last else x, ws, t))]:
+        raises_on_every_rank(rank, world, what, call)
+    bad = t.clone()
+    bad[3] = V
+    try:
+        vplce(x, ws, bad)
+    except IndexError as e:
+        assert f"got {V} at position [3]" in str(e), str(e)
+    else:
+        raise AssertionError("no IndexError for a target past the vocabulary")
+    linear_case(rank, world, torch.float32, dict())
+
+
+def case_linear_gradcheck(rank, world):
+    x, w, b, t = linear_inputs(torch.float64, (4,))
+    for kw in (dict(), dict(reduction="none", label_smoothing=0.3, softcap=3.0, z_loss_scale=0.05, logit_scale=0.7)):
+        leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+        assert torch.autograd.gradcheck(lambda *a: vplce(a[0], a[1], t, linear_bias=a[2], chunk_rows=3, **kw),
+                                        leaves)
+    # the loss equals lossfuse's single-device linear_cross_entropy on the whole classifier
+    kw = dict(label_smoothing=0.1, softcap=5.0, z_loss_scale=1e-3)
+    torch.testing.assert_close(vplce(x, w, t, linear_bias=b, **kw),
+                               LF.linear_cross_entropy(x, w, t, linear_bias=b, **kw), rtol=1e-12, atol=0)
+
+
 def worker(case, rank, world, init):
     import torch.distributed as dist
     import datetime
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S - 30))
     try:
-        {"values": case_values, "edges": case_edges, "gradcheck": case_gradcheck}[case](rank, world)
+        {"values": case_values, "edges": case_edges, "gradcheck": case_gradcheck, "linear": case_linear,
+         "linear_gradcheck": case_linear_gradcheck}[case](rank, world)
     finally:
         dist.destroy_process_group()
 
@@ -287,12 +410,23 @@ def test_gradcheck_one_rank(tmp_path):
     run_ranks(tmp_path, "gradcheck", 1)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_linear_matches_torch_on_the_whole_classifier(tmp_path, world):
+    run_ranks(tmp_path, "linear", world)
+
+
+def test_linear_gradcheck_one_rank(tmp_path):
+    run_ranks(tmp_path, "linear_gradcheck", 1)
+
+
 def test_needs_an_initialized_process_group():
     x, t = torch.randn(3, 5), torch.tensor([0, 1, 2])
     if torch.distributed.is_initialized():
         pytest.skip("a process group is initialized in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
         vpce(x, t)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        vplce(x, torch.randn(4, 5), t)
     assert "distributed" in lossfuse.__all__
 
 
