@@ -245,11 +245,11 @@ class _LinearCrossEntropyModule(_tnn.modules.loss._WeightedLoss):
                  reduction="mean", weight=None, ignore_index=None, label_smoothing=0.0, options=None):
         if weight is not None and tuple(weight.shape) != (num_classes,):
             raise RuntimeError(f"lossfuse: weight: expected shape {(num_classes,)}, got {tuple(weight.shape)}")
-        if not 0.0 <= label_smoothing <= 1.0:
+        if label_smoothing < 0 or label_smoothing > 1.0:  # as torch's module, which lets NaN through
             raise RuntimeError(f"lossfuse: label_smoothing: expected a value in [0, 1], got {label_smoothing}")
         super().__init__(weight=weight, reduction=reduction)
         self.num_classes = num_classes
-        self.out_features = tuple(out_features)
+        self.out_features = out_features
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
         self.options = options
@@ -261,7 +261,7 @@ class _LinearCrossEntropyModule(_tnn.modules.loss._WeightedLoss):
     def extra_repr(self):
         return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
                 f"out_features={self.out_features}, bias={self.linear.bias is not None}, reduction={self.reduction}, "
-                f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}")
+                f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, options={self.options}")
 
 
 _LinearCrossEntropyBase = getattr(_tnn, "LinearCrossEntropyLoss", _LinearCrossEntropyModule)

@@ -16,12 +16,13 @@ Eager mode (autograd, no torch.compile); first derivatives only.
 """
 
 import math
+import operator
 import struct
 
 import torch
 import torch.distributed as dist
 
-from ._common import ArgumentError, acc_dtype, as_argument_error, reduction_code
+from ._common import ArgumentError, acc_dtype, as_argument_error, autocast_lower, reduction_code
 from ._cross_entropy import _no_internal_overlap
 
 __all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_linear_cross_entropy"]
@@ -116,14 +117,16 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         return (e if isinstance(e, TypeError) else as_argument_error(e)), None
 
 
-def _agree(name, input, target, vocab_start, vocab_size, error, args, group, device=None):
+def _agree(name, input, target, vocab_start, vocab_size, error, args, group, device=None, extra=()):
     """One small all_gather of every rank's slice, rows, targets' range and checksum, options, and whether its own
     checks failed: every rank then raises together, or finds its (vocab_start, vocab_size). Checked here, the same on
     every rank: the slices tile [0, vocab_size) once (in rank order when none is given), the targets and options
-    are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index."""
+    are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index. extra: (name, int)
+    pairs that must also be equal on every rank (the same names on every rank)."""
     if device is None:
         device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
-    mine = [1] + [0] * (len(_INFO) - 1)
+    keys = _INFO + tuple(k for k, _ in extra)
+    mine = [1] + [0] * (len(keys) - 1)
     if error is None:
         try:  # nothing may raise on one rank alone before the all_gather
             t = target.reshape(-1).long()
@@ -131,14 +134,14 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group, dev
             mine = [0, input.shape[-1], -1 if vocab_start is None else int(vocab_start),
                     -1 if vocab_size is None else int(vocab_size), _DTYPES.index(input.dtype), t.numel(),
                     int(counted.min()) if counted.numel() else 0, int(counted.max()) if counted.numel() else 0,
-                    _checksum(t), args[0], args[1]] + [_bits(v) for v in args[2:]]
+                    _checksum(t), args[0], args[1]] + [_bits(v) for v in args[2:]] + [int(v) for _, v in extra]
         except Exception as e:  # noqa: BLE001
             error = e if isinstance(e, TypeError) else as_argument_error(e)
-            mine = [1] + [0] * (len(_INFO) - 1)
+            mine = [1] + [0] * (len(keys) - 1)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     infos = [torch.zeros(len(mine), dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(infos, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
-    infos = [dict(zip(_INFO, i.tolist())) for i in infos]
+    infos = [dict(zip(keys, i.tolist())) for i in infos]
 
     failed = [r for r, i in enumerate(infos) if i["failed"]]
     if failed:
@@ -146,7 +149,7 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group, dev
             raise error
         raise ArgumentError(f"lossfuse: {name}: rank(s) {failed} of the group failed their argument checks (their "
                             "error says why); every rank raises so that none is left waiting in a collective")
-    differ = [k for k in _INFO[4:] if k not in ("min", "max") and len({i[k] for i in infos}) > 1]
+    differ = [k for k in keys[4:] if k not in ("min", "max") and len({i[k] for i in infos}) > 1]
     if differ:
         raise ArgumentError(f"lossfuse: {name}: expected the same logits dtype, targets and options on every rank; "
                             f"these differ: {', '.join(differ)}")
@@ -351,36 +354,49 @@ def vocab_parallel_linear_cross_entropy(input, linear_weight, target, group=None
         gradient of the whole loss; False leaves each rank its own slice's share (for a caller whose own
         communication sums it, as a tensor-parallel region's backward does).
 
-    Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype. Eager autograd,
-    first derivatives. Collectives: two small all_gathers in the forward (the argument check, then 3 numbers per
-    row and rank), one all_reduce of N x H in backward when reduce_input_grad.
+    Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype (float32 inside
+    torch.autocast, which casts the operands to its dtype as for torch's linear). Eager autograd, first derivatives.
+    Collectives: two small all_gathers in the forward (the argument check, then 3 numbers per row and rank), one
+    all_reduce of N x H in backward when reduce_input_grad and the input requires grad. The argument check also
+    compares H, reduce_input_grad and whether the input requires grad across the ranks; every rank must then run
+    the backward, asking for the input's gradient alike.
     """
     name = "vocab_parallel_linear_cross_entropy"
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"lossfuse: {name}: torch.distributed is not initialized (init_process_group first)")
-    error, logits_like = _linear_arguments(name, input, linear_weight, linear_bias, target, chunk_rows)
+    # torch.autocast: the operands in the autocast dtype, as torch's linear takes them (the logits are then made in
+    # float32 with autocast off, the same in forward and backward), the loss in float32 as torch's cross_entropy
+    autocasting, (input, linear_weight, linear_bias) = autocast_lower(input, linear_weight, linear_bias)
+    error, logits_like, chunk_rows = _linear_arguments(name, input, linear_weight, linear_bias, target, chunk_rows)
     if error is None:
         error, args = _local_arguments(name, logits_like, target, vocab_start, vocab_size, ignore_index, reduction,
                                        label_smoothing, logit_scale, softcap, z_loss_scale, False)
     else:
         args = None
     device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
-    vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group, device)
+    # What the backward's all_reduce depends on must be the same on every rank, or one rank would wait in it alone.
+    need_x = isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()
+    extra = (("hidden size", input.shape[-1] if error is None else 0), ("reduce_input_grad", bool(reduce_input_grad)),
+             ("input requires grad", need_x))
+    vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group, device,
+                                     extra)
     red, ignore_index, eps, scale, cap, zs = args
     classes = linear_weight.shape[0]
     acc = acc_dtype(input)
-    rows = int(chunk_rows) or max(1, (32 << 20) // (classes * torch.finfo(acc).bits // 8))
+    rows = chunk_rows or max(1, (32 << 20) // (classes * torch.finfo(acc).bits // 8))
     try:
-        return _VocabParallelLinearCE.apply(input, linear_weight, linear_bias, target,
-                                            (red, ignore_index, eps, scale, cap, zs, vocab_start, vocab_size, group,
-                                             rows, bool(reduce_input_grad)))
+        with torch.autocast(device.type, enabled=False):
+            loss = _VocabParallelLinearCE.apply(input, linear_weight, linear_bias, target,
+                                                (red, ignore_index, eps, scale, cap, zs, vocab_start, vocab_size,
+                                                 group, rows, bool(reduce_input_grad)))
     except ValueError as e:
         raise as_argument_error(e) from None
+    return loss if autocasting else loss.to(input.dtype)
 
 
 def _linear_arguments(name, input, weight, bias, target, chunk_rows):
     """This rank's checks of the linear operands, raising nothing: (the error or None, a meta tensor shaped as this
-    rank's logits, (..., C_rank), for the checks shared with vocab_parallel_cross_entropy)."""
+    rank's logits, (..., C_rank), for the checks shared with vocab_parallel_cross_entropy, chunk_rows as an int)."""
     try:
         for arg, v in (("input", input), ("linear_weight", weight)):
             if not isinstance(v, torch.Tensor):
@@ -390,7 +406,9 @@ def _linear_arguments(name, input, weight, bias, target, chunk_rows):
         if input.dtype not in _DTYPES:
             raise ArgumentError(f"lossfuse: {name}: input: expected float32, float64, bfloat16 or float16, got "
                                 f"{input.dtype}")
-        if input.dim() < 1 or weight.dim() != 2 or weight.shape[1] != input.shape[-1]:
+        if input.dim() < 1:
+            raise ArgumentError(f"lossfuse: {name}: input: expected shape (..., H), got a 0-d tensor")
+        if weight.dim() != 2 or weight.shape[1] != input.shape[-1]:
             raise ArgumentError(f"lossfuse: {name}: linear_weight: expected shape (C_rank, {input.shape[-1]}) "
                                 f"(input's last dimension), got {tuple(weight.shape)}")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
@@ -400,12 +418,15 @@ def _linear_arguments(name, input, weight, bias, target, chunk_rows):
             if v is not None and (v.dtype != input.dtype or v.device != input.device):
                 raise ArgumentError(f"lossfuse: {name}: {arg}: expected the input's dtype and device "
                                     f"({input.dtype}, {input.device}), got {v.dtype}, {v.device}")
-        if int(chunk_rows) < 0:
-            raise ArgumentError(f"lossfuse: {name}: chunk_rows: expected 0 (auto) or a positive count, got "
-                                f"{chunk_rows}")
-        return None, torch.empty((*input.shape[:-1], weight.shape[0]), dtype=input.dtype, device="meta")
+        try:
+            rows = operator.index(chunk_rows)
+        except TypeError:
+            raise TypeError(f"{name}(): chunk_rows must be an int, got {type(chunk_rows).__name__}") from None
+        if rows < 0:
+            raise ArgumentError(f"lossfuse: {name}: chunk_rows: expected 0 (auto) or a positive count, got {rows}")
+        return None, torch.empty((*input.shape[:-1], weight.shape[0]), dtype=input.dtype, device="meta"), rows
     except Exception as e:  # noqa: BLE001  (raised on every rank by _agree)
-        return (e if isinstance(e, TypeError) else as_argument_error(e)), None
+        return (e if isinstance(e, TypeError) else as_argument_error(e)), None, 0
 
 
 _CLASS_BLOCK = 4096  # classes of a 16-bit weight converted to float32 at a time
@@ -451,7 +472,7 @@ class _VocabParallelLinearCE(torch.autograd.Function):
             logits = _chunk_logits(x[r0:r1], weight, bias, acc)
             stats[:, r0:r1], t_local[r0:r1], valid[r0:r1], mine[r0:r1] = _slice_stats(
                 logits, t[r0:r1], ignore_index, eps, scale, softcap, start)
-        lse, count, loss = _whole_loss(stats, valid, options, target.shape, input.dtype)
+        lse, count, loss = _whole_loss(stats, valid, options, target.shape, acc)  # in acc: rounded by the caller
         ctx.save_for_backward(x, weight, bias, t_local, lse, valid, mine, count)
         ctx.options = options
         ctx.input_shape = input.shape
@@ -469,13 +490,13 @@ class _VocabParallelLinearCE(torch.autograd.Function):
         dx = torch.zeros(x.shape, dtype=acc, device=x.device) if need_x else None
         dw = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_w else None
         db = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if need_b and bias is not None else None
-        if need_x or need_w or db is not None:
-            for r0 in range(0, n, chunk):
+        with torch.autocast(x.device.type, enabled=False):
+            for r0 in range(0, n if need_x or need_w or db is not None else 0, chunk):
                 r1 = min(n, r0 + chunk)
                 xc = x[r0:r1].to(acc)
                 g = _slice_grad(_chunk_logits(xc, weight, bias, acc), t_local[r0:r1], lse[r0:r1], valid[r0:r1],
                                 mine[r0:r1], go[r0:r1] if red == 0 else go, red, count, ctx.options[:8], True)
-                for c0, wb in _weight_blocks(weight, acc):
+                for c0, wb in _weight_blocks(weight, acc) if need_x or need_w else ():
                     gb = g[:, c0:c0 + wb.shape[0]]
                     if need_x:
                         dx[r0:r1].addmm_(gb, wb)

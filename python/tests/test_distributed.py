@@ -75,7 +75,7 @@ def torch_loss(x, t, kw):
     if cap:
         z = cap * torch.tanh(z / cap)
     ignore = kw.get("ignore_index", -100)
-    loss = F.cross_entropy(z.movedim(-1, 1), t.long(), ignore_index=ignore, reduction="none",
+    loss = F.cross_entropy(z.movedim(-1, 1) if z.dim() > 1 else z, t.long(), ignore_index=ignore, reduction="none",
                            label_smoothing=kw.get("label_smoothing", 0.0))
     zs = kw.get("z_loss_scale", 0.0)
     if zs:
@@ -174,6 +174,16 @@ def raises_on_every_rank(rank, world, what, call):
         raise AssertionError(f"no error on rank {rank} for a bad {what} on rank {world - 1}")
 
 
+def raises_together(what, call):
+    """call() raises ValueError naming `what` on every rank (what only the ranks together can see)."""
+    try:
+        call()
+    except ValueError as e:
+        assert what in str(e), str(e)
+    else:
+        raise AssertionError(f"no error for {what}")
+
+
 def case_edges(rank, world):
     def masked(x, t):  # a row -inf but in the last class (held by the last slice), rows of only -inf
         x[0, 0, :-1] = -math.inf
@@ -251,12 +261,7 @@ def case_edges(rank, world):
                        ("differ: label_smoothing", lambda: vpce(mine, t, label_smoothing=0.1 if last else 0.0)),
                        ("differ: ignore_index", lambda: vpce(mine, t_ignored, ignore_index=-2 if last else -1)),
                        ("differ: dtype", lambda: vpce(mine.double() if last else mine, t))]:
-        try:
-            call()
-        except ValueError as e:
-            assert what in str(e), str(e)
-        else:
-            raise AssertionError(f"no error for {what}")
+        raises_together(what, call)
     # the same after the errors: the ranks are still in step
     one_case(rank, world, torch.float32, dict())
     one_case(rank, world, torch.float32, dict(label_smoothing=0.1), give_slice=True)
@@ -338,6 +343,8 @@ def case_linear(rank, world):
     linear_case(rank, world, torch.bfloat16, dict(label_smoothing=0.1), reduce_input_grad=False)
     linear_case(rank, world, torch.float32, dict(ignore_index=7), edit=lambda x, w, b, t: t.fill_(7))  # all ignored
     linear_case(rank, world, torch.float32, dict(), lead=(0,))  # no rows
+    linear_case(rank, world, torch.float32, dict(), lead=())  # unbatched: input (H), target ()
+    linear_autocast_case(rank, world)
     import lossfuse.distributed as D  # 16-bit weights converted to float32 a few classes at a time
     saved, D._CLASS_BLOCK = D._CLASS_BLOCK, 8
     try:
@@ -356,8 +363,18 @@ def case_linear(rank, world):
                        ("linear_weight: expected the input's dtype", lambda: vplce(x, ws.double() if last else ws, t)),
                        ("chunk_rows", lambda: vplce(x, ws, t, chunk_rows=-1 if last else 0)),
                        ("target: expected shape", lambda: vplce(x, ws, t[:5] if last else t)),
-                       ("must be a tensor", lambda: vplce(x.tolist() if last else x, ws, t))]:
+                       ("must be a tensor", lambda: vplce(x.tolist() if last else x, ws, t)),
+                       ("input: expected shape (..., H), got a 0-d tensor",
+                        lambda: vplce(torch.tensor(1.0) if last else x, ws, t)),
+                       ("chunk_rows must be an int", lambda: vplce(x, ws, t, chunk_rows=2.5 if last else 0))]:
         raises_on_every_rank(rank, world, what, call)
+    # what the backward's all_reduce depends on, different on one rank: every rank raises in the forward (none is
+    # left waiting in backward)
+    xg = x.clone().requires_grad_()
+    for what, call in [("differ: hidden size", lambda: vplce(x[:, :5] if last else x, ws[:, :5] if last else ws, t)),
+                       ("differ: reduce_input_grad", lambda: vplce(xg, ws, t, reduce_input_grad=not last)),
+                       ("differ: input requires grad", lambda: vplce(xg if last else x, ws, t))]:
+        raises_together(what, call)
     bad = t.clone()
     bad[3] = V
     try:
@@ -367,6 +384,35 @@ def case_linear(rank, world):
     else:
         raise AssertionError("no IndexError for a target past the vocabulary")
     linear_case(rank, world, torch.float32, dict())
+
+
+def linear_autocast_case(rank, world):
+    """float32 operands inside torch.autocast(bfloat16): the operands rounded to bfloat16 as torch's linear takes them,
+    the loss in float32, the gradients of the float32 leaves (backward inside the region too). The logits are then
+    made in float32: the loss is float64's on the rounded operands within float32's tolerance (torch's own
+    composition, with bfloat16 logits, is further off, as is a forward whose logits autocast made in bfloat16). The
+    gradients are rounded to bfloat16 on their way back through the casts, as torch's: no further off than torch's."""
+    x, w, b, t = linear_inputs(torch.float32)
+    kw = dict(label_smoothing=0.1, z_loss_scale=1e-2)
+    low = [a.to(torch.bfloat16).double().requires_grad_() for a in (x, w, b)]
+    loss64 = torch_loss(F.linear(*low), t, kw)
+    g64 = torch.autograd.grad(loss64, low)
+    leaves_t = [a.clone().requires_grad_() for a in (x, w, b)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_t = torch_loss(F.linear(*leaves_t), t, kw)
+    g_t = torch.autograd.grad(loss_t, leaves_t)
+    start = sum(SPLITS[world][:rank])
+    sl = slice(start, start + SPLITS[world][rank])
+    leaves = [x.clone().requires_grad_(), w[sl].clone().requires_grad_(), b[sl].clone().requires_grad_()]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = vplce(leaves[0], leaves[1], t, linear_bias=leaves[2], chunk_rows=4, **kw)
+        grads = torch.autograd.grad(loss, leaves)
+    what = f"rank {rank}/{world} autocast"
+    assert loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads), what
+    check_against(loss.detach(), loss64, loss_t.detach(), torch.float32, what + " loss")
+    check_against(grads[0], g64[0], g_t[0], torch.bfloat16, what + " input gradient")
+    check_against(grads[1], g64[1][sl], g_t[1][sl], torch.bfloat16, what + " weight gradient")
+    check_against(grads[2], g64[2][sl], g_t[2][sl], torch.bfloat16, what + " bias gradient")
 
 
 def case_linear_gradcheck(rank, world):
