@@ -354,8 +354,9 @@ def vocab_parallel_linear_cross_entropy(input, linear_weight, target, group=None
         gradient of the whole loss; False leaves each rank its own slice's share (for a caller whose own
         communication sums it, as a tensor-parallel region's backward does).
 
-    Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype (float32 inside
-    torch.autocast, which casts the operands to its dtype as for torch's linear). Eager autograd, first derivatives.
+    Returns the loss on every rank (per row of `target`'s shape for 'none'), in the input's dtype (inside
+    torch.autocast, which casts the operands but float64 ones to its dtype as for torch's linear: float32, or float64
+    for float64 operands). Eager autograd, first derivatives.
     Collectives: two small all_gathers in the forward (the argument check, then 3 numbers per row and rank), one
     all_reduce of N x H in backward when reduce_input_grad and the input requires grad. The argument check also
     compares H, reduce_input_grad and whether the input requires grad across the ranks; every rank must then run

@@ -413,6 +413,19 @@ def linear_autocast_case(rank, world):
     check_against(grads[0], g64[0], g_t[0], torch.bfloat16, what + " input gradient")
     check_against(grads[1], g64[1][sl], g_t[1][sl], torch.bfloat16, what + " weight gradient")
     check_against(grads[2], g64[2][sl], g_t[2][sl], torch.bfloat16, what + " bias gradient")
+    # exactly the call outside autocast on the bfloat16 operands (its backward included: logits made in bfloat16
+    # there would change the gradients)
+    low = [a.detach().bfloat16().requires_grad_() for a in leaves]
+    loss_low = vplce(low[0], low[1], t, linear_bias=low[2], chunk_rows=4, **kw)
+    assert torch.equal(loss.detach().bfloat16(), loss_low.detach()), what
+    for g, h in zip(grads, torch.autograd.grad(loss_low, low)):
+        assert torch.equal(g, h.float()), what + ": gradients differ from the bfloat16 call's"
+    x8 = leaves[0].detach().mul(8).requires_grad_()  # logits large enough for their rounding to show
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g8 = torch.autograd.grad(vplce(x8, leaves[1], t, linear_bias=leaves[2], chunk_rows=4, **kw), x8)[0]
+    x8_low = x8.detach().bfloat16().requires_grad_()
+    g8_low = torch.autograd.grad(vplce(x8_low, low[1], t, linear_bias=low[2], chunk_rows=4, **kw), x8_low)[0]
+    assert torch.equal(g8, g8_low.float()), what + ": x 8, gradients differ from the bfloat16 call's"
 
 
 def case_linear_gradcheck(rank, world):
