@@ -16,8 +16,10 @@
 // Precision: the forward takes each row's lse as its max z plus log sum exp(z - max), so the loss (lse - z_y) and
 // the gradient of forward_backward keep the precision of the differences of z, however large the logits' common
 // offset, as torch's log_softmax. A gradient made from a saved lse (cross_entropy_backward) sees lse rounded to its
-// dtype: each probability then carries a relative error up to ulp(lse) / 2 (float32: |lse| 6e-8, so 6e-5 at
-// |lse| ~ 1e3; float64: |lse| 1.1e-16).
+// dtype: each probability carries a relative error up to ulp(lse) / 2. For float32 and 16-bit logits, save lse in
+// float64 (accepted beside the accumulation dtype): the forward writes max + log-sum summed in double and the
+// backward splits it again, so the error stays that of the forward (in float32 it is |lse| 6e-8, 6e-5 at
+// |lse| ~ 1e3; float64 logits: |lse| 1.1e-16).
 #pragma once
 
 #include <cstdint>
@@ -41,7 +43,8 @@ struct CrossEntropyOptions {
 // Outputs are contiguous, float32 (float64 for float64 logits): losses are never stored in 16 bits.
 struct CrossEntropyOutputs {
   TensorView loss;                    // reduction none: the row shape (target shape); else a scalar
-  std::optional<TensorView> lse;      // row shape: the per-row log-sum-exp of z, saved for backward
+  std::optional<TensorView> lse;      // row shape: the per-row log-sum-exp of z, saved for backward; float64 is
+                                      // also accepted (see Precision above)
   std::optional<TensorView> z_loss;   // shape of `loss`: the z-loss term alone, reduced like the loss
 };
 

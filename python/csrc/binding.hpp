@@ -26,6 +26,10 @@ Reduction reduction(std::int64_t r);
 // float32 for 16-bit and float32 inputs, float64 for float64: the dtype lossfuse stores losses in.
 at::ScalarType acc_type(const at::Tensor& input);
 at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape);
+// A saved per-row log-sum-exp: float64 for float32 and float64 logits (a gradient made from it later keeps the
+// forward's precision at any common offset of the logits), float32 for 16-bit ones (their gradients' rounding
+// dwarfs lse's).
+at::Tensor new_lse(const at::Tensor& logits, at::IntArrayRef rows);
 // The loss of `input` for a reduction: `rows` for none, else a 0-d tensor.
 at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t reduction);
 // A contiguous tensor of `like`'s shape and dtype, or an empty one when `wanted` is false (a gradient no one

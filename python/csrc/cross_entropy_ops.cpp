@@ -41,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cross_entropy(
     bool compute_grad) {
   const auto rows = row_shape(logits);
   at::Tensor loss = new_loss(logits, rows, red);
-  at::Tensor lse = new_acc(logits, rows);
+  at::Tensor lse = new_lse(logits, rows);
   at::Tensor z_loss = new_loss(logits, rows, red);
   at::Tensor grad = new_grad(logits, compute_grad);
   guarded([&] {
@@ -180,7 +180,7 @@ struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInP
                 "lossfuse: _cross_entropy_eager_inplace: expected reduction 1 (mean) or 2 (sum), got ", red);
     const auto rows = row_shape(logits);
     at::Tensor loss = new_loss(logits, rows, red);
-    at::Tensor lse = new_acc(logits, rows);
+    at::Tensor lse = new_lse(logits, rows);
     at::Tensor z_loss = new_loss(logits, rows, red);
     guarded([&] {
       const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);

@@ -31,8 +31,15 @@ def _rows(input):
 def _ce_fake(input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
              compute_grad):
     rows = _rows(input)
-    return (new_loss(input, rows, reduction), input.new_empty(rows, dtype=acc_dtype(input)),
+    return (new_loss(input, rows, reduction), input.new_empty(rows, dtype=_lse_dtype(input)),
             new_loss(input, rows, reduction), new_grad(input, compute_grad))
+
+
+def _lse_dtype(input):
+    """The dtype of the lse the cross_entropy op saves: float64 for float32 and float64 logits, so that a gradient
+    made from it later (reduction 'none') keeps the forward's precision at any common offset of the logits (the
+    kernel writes max + log-sum summed in double); float32 for 16-bit logits. Callers get it in acc_dtype."""
+    return torch.float64 if input.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 @torch.library.register_fake("lossfuse::cross_entropy_backward")
@@ -82,10 +89,16 @@ def _soft_target_grad(input, target, weight, lse, grad_output, args):
     """d loss / d target for probability targets: (1 - eps) w_c (lse - z_c) per row, times the upstream grad."""
     reduction, _, label_smoothing, logit_scale, softcap, _ = args
     cdim = 1 if input.dim() >= 2 else 0
-    z = input.to(lse.dtype) * logit_scale
+    acc = acc_dtype(input)
+    z = input.to(acc) * logit_scale
     if softcap > 0:
         z = softcap * torch.tanh(z / softcap)
-    g = (lse.unsqueeze(cdim) - z) * (1.0 - label_smoothing)
+    # lse - z as (hi - z) + lo, hi + lo the saved lse (float64 for float32 logits): precise at any common offset
+    hi = lse.to(acc)
+    g = hi.unsqueeze(cdim) - z
+    if lse.dtype != acc:
+        g = g + (lse - hi.to(lse.dtype)).to(acc).unsqueeze(cdim)
+    g = g * (1.0 - label_smoothing)
     if weight is not None:
         shape = [1] * input.dim()
         shape[cdim] = -1
@@ -245,11 +258,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         targets in plain eager mode; under torch.compile, torch.func, a torch function mode, autocast's float32
         loss of 16-bit logits, or with probability targets the gradient gets a buffer of its own.
     Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
-    Precision: the loss, and the gradient written in the forward pass, keep the precision of the logits' differences
-    whatever their common offset (as torch's log_softmax); a gradient made in backward from the saved lse (reduction
-    'none', and the rarer roads that remake it: a non-finite upstream gradient, autocast's float32 loss under an
-    upstream gradient other than 1, vmap) carries lse's rounding, a relative error up to ulp(lse) / 2 per probability
-    (float32: 6e-5 at |lse| ~ 1e3).
+    Precision: the loss and the gradient keep the precision of the logits' differences whatever their common offset
+    (as torch's log_softmax). A gradient made in backward from the saved lse (reduction 'none', and the rarer roads
+    that remake it: a non-finite upstream gradient, autocast's float32 loss under an upstream gradient other than 1,
+    vmap) reads an lse saved in float64 for float32 logits, which keeps that precision; float64 logits' lse carries
+    a relative error up to 1.1e-16 |lse| per probability, and 16-bit logits' (saved in float32) one far below their
+    gradient's rounding.
 
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
@@ -294,7 +308,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         if restore is not None:
             lse, z_loss = restore(lse), restore(z_loss)
         loss = _ce_differentiable(input, target, weight, args)
-        return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
+        return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss, acc_dtype(input))
     input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
     if inplace and red == 0 and input.requires_grad and torch.is_grad_enabled():
@@ -320,7 +334,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
             loss.grad_fn.float32_loss = True
     if restore is not None:
         loss, lse, z_loss = (restore(t) for t in (loss, lse, z_loss))
-    return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss)
+    return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss, acc_dtype(input))
 
 
 def _autocast_class_target_logits(input, soft):
@@ -331,10 +345,11 @@ def _autocast_class_target_logits(input, soft):
     return torch.float32 if not soft and autocasts(input) else None
 
 
-def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss):
+def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss, lse_dtype):
     out = (loss if loss.dtype == dtype else loss.to(dtype),)
     if return_lse:
-        out += (lse,)
+        # lse_dtype: acc_dtype of the logits the op read (the op saves float32 logits' lse in float64, _lse_dtype)
+        out += (lse if lse.dtype == lse_dtype else lse.to(lse_dtype),)
     if return_z_loss:
         out += (z_loss if z_loss.dtype == dtype else z_loss.to(dtype),)
     return out[0] if len(out) == 1 else out

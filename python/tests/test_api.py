@@ -471,3 +471,29 @@ def test_operands_made_from_one_tensor_get_partial_derivatives(name):
             torch.testing.assert_close(got, want, msg=lambda m: f"{way}, requires_grad={requires_grad}: {m}")
             if requires_grad:
                 torch.testing.assert_close(got2, want2, msg=lambda m: f"{way}, second derivative: {m}")
+
+
+def test_compile_caches_are_tagged_with_this_build(tmp_path):
+    """torch.compile's on-disk caches key a graph by its ops, not by the Python behind a custom op (its fake outputs,
+    its autograd formula): a graph compiled against another build of lossfuse was reused (outputs of the old dtypes
+    after the cross_entropy op's lse became float64 for float32 logits). Importing lossfuse adds a digest of its build
+    to torch.compiler.config.cache_key_tag, which every such key includes; it changes with any source file and with
+    the kernels' file, and a caller's own tag is kept."""
+    from lossfuse import _library as lib
+    assert lib.TAG.startswith("lossfuse-") and lib.TAG in torch.compiler.config.cache_key_tag.split("+")
+    package = tmp_path / "pkg"
+    (package / "nn").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "nn" / "b.py").write_text("y = 2\n")
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"\0" * 64)
+    first = lib.build_tag(str(package), str(library))
+    assert first == lib.build_tag(str(package), str(library))
+    (package / "nn" / "b.py").write_text("y = 3\n")
+    second = lib.build_tag(str(package), str(library))
+    assert second != first
+    os.utime(library, ns=(1, 1))
+    assert lib.build_tag(str(package), str(library)) != second
+    assert lib.joined_tag("", first) == first
+    assert lib.joined_tag("mine", first) == "mine+" + first
+    assert lib.joined_tag("mine+" + first, second) == "mine+" + second

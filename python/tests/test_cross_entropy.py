@@ -1004,8 +1004,10 @@ def test_non_finite_upstream_with_uint8_targets_past_155(path):
 def test_large_common_offset_keeps_precision(dtype, offset, options):
     """Logits offset + v with |offset| >> |v|: the loss and the gradient depend on the differences v only, as torch's
     log_softmax keeps them (lse is not rounded to the offset's ulp before lse - z_y). Compared with torch in float64 on
-    the same (exactly representable) values; linear_cross_entropy's loss as well (the gradient of its saved-lse
-    backward, and cross_entropy's for reduction 'none', see the docstring of cross_entropy, are not checked here)."""
+    the same (exactly representable) values; linear_cross_entropy's loss as well (not the gradient of its saved-lse
+    backward, see its docstring). For reduction 'none' the gradient is made in backward from the saved lse (float64
+    for float32 logits), with a per-row upstream gradient; for float64 logits that lse is rounded to double, which at
+    2^40 leaves 2^-13 (not checked). With probability targets (float32), the gradient of the targets, lse - z."""
     gen = torch.Generator().manual_seed(5)
     step = 2.0 ** -3 if dtype == torch.float32 else 2.0 ** -10
     v = torch.randint(-24, 25, (6, 50), generator=gen).double() * step
@@ -1025,11 +1027,18 @@ def test_large_common_offset_keeps_precision(dtype, offset, options):
     got = LF.cross_entropy(xa, t, **options)
     tol = dict(rtol=2e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(got.double(), want, **tol)
-    if options["reduction"] != "none":  # the fused gradient
+    if options["reduction"] != "none" or dtype == torch.float32:
+        go = torch.tensor(1.0) if options["reduction"] != "none" else torch.tensor([0.5, 1.0, 2.0, 0.25, 1.5, 3.0])
         vg = v.clone().requires_grad_()
-        (gw,) = torch.autograd.grad(F.cross_entropy(vg, t, **options), vg)
-        (gg,) = torch.autograd.grad(got, xa)
+        (gw,) = torch.autograd.grad(F.cross_entropy(vg, t, **options), vg, go.double())
+        (gg,) = torch.autograd.grad(got, xa, go.to(got.dtype))
         torch.testing.assert_close(gg.double(), gw, **tol)
+    if dtype == torch.float32:
+        p = torch.softmax(torch.randn(6, 50, generator=gen), 1).requires_grad_()
+        pw = p.detach().double().requires_grad_()
+        (gp,) = torch.autograd.grad(LF.cross_entropy(x, p, **options).sum(), p)
+        (gpw,) = torch.autograd.grad(F.cross_entropy(v, pw, **options).sum(), pw)
+        torch.testing.assert_close(gp.double(), gpw, **tol)
     # linear: identity rows times W = the logits' transpose, so input @ W.T is the logits exactly
     got_lin = LF.linear_cross_entropy(torch.eye(6, dtype=dtype), x.t().contiguous(), t, **options)
     torch.testing.assert_close(got_lin.double(), want, **tol)

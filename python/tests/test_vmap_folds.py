@@ -144,8 +144,8 @@ def test_cross_entropy_and_nll_folds_equal_the_loop(per_sample, dtype):
                     _check_op(lib.cross_entropy.default, args, [0, 0, None] + [None] * 7, dtype, msg)
                     # lse is per row: the backward op's per-row input, mapped; the upstream gradient mapped or not
                     lse = vmap(lib.cross_entropy.default, in_dims=(0, 0) + (None,) * 8)(*args)[1]
-                    go = torch.rand(vmap(lib.cross_entropy.default, in_dims=(0, 0) + (None,) * 8)(*args)[0].shape,
-                                    generator=g, dtype=lse.dtype)
+                    loss = vmap(lib.cross_entropy.default, in_dims=(0, 0) + (None,) * 8)(*args)[0]
+                    go = torch.rand(loss.shape, generator=g, dtype=loss.dtype)
                     bargs = [go, x, target, lse, weight, reduction, -100, *opts]
                     _check_op(lib.cross_entropy_backward.default, bargs, [0, 0, 0, 0] + [None] * 7, dtype,
                               msg + " backward")

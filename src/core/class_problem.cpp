@@ -81,6 +81,16 @@ void check_row_output(const TensorView& t, std::string_view name, const ClassPro
   check_contiguous(t, name);
 }
 
+void check_lse_view(const TensorView& t, const ClassProblem& pb) {
+  check_view(t, "lse");
+  if (t.dtype != pb.acc && t.dtype != DType::f64) {
+    throw Error(ErrorCode::dtype_mismatch, "lse", std::string(dtype_name(pb.acc)) + " or float64",
+                std::string(dtype_name(t.dtype)));
+  }
+  check_shape(t, "lse", pb.row_shape, pb.row_ndim);
+  check_contiguous(t, "lse");
+}
+
 void check_disjoint(const std::vector<NamedView>& written, const std::vector<NamedView>& read) {
   for (std::size_t i = 0; i < written.size(); ++i) {
     for (std::size_t j = i + 1; j < written.size(); ++j) {

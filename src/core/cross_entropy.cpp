@@ -50,7 +50,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     core::check_contiguous(out->loss, "loss");
     written.push_back({"loss", &out->loss});
     if (out->lse) {
-      core::check_row_output(*out->lse, "lse", pb);
+      core::check_lse_view(*out->lse, pb);
       written.push_back({"lse", &*out->lse});
     }
     if (out->z_loss) {
@@ -62,7 +62,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     }
   }
   if (lse_in != nullptr) {
-    core::check_row_output(*lse_in, "lse", pb);
+    core::check_lse_view(*lse_in, pb);
     read.push_back({"lse", lse_in});
   }
   if (grad != nullptr) {
@@ -106,6 +106,8 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   p.z_loss_scale = o.z_loss_scale;
   p.ignore_index = o.ignore_index;
   p.lse_in = lse_in != nullptr ? lse_in->data : nullptr;
+  if (lse_in != nullptr) p.lse_f64 = lse_in->dtype == DType::f64;
+  if (out != nullptr && out->lse) p.lse_f64 = out->lse->dtype == DType::f64;
 
   if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, loss_denominator);
 

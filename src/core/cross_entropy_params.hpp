@@ -33,9 +33,13 @@ struct CeParams {
 
   // Row outputs, Acc typed and contiguous; nullptr when not wanted.
   void* loss_rows = nullptr;   // reduction none
-  void* lse_rows = nullptr;
+  void* lse_rows = nullptr;    // double when lse_f64
   void* zloss_rows = nullptr;  // reduction none
-  const void* lse_in = nullptr;  // backward: the saved log-sum-exp
+  const void* lse_in = nullptr;  // backward: the saved log-sum-exp, double when lse_f64
+  // lse_rows / lse_in hold double whatever Acc is: the forward writes top + log_s summed in double, and the
+  // backward splits a saved value back into top (rounded to Acc) and log_s (the remainder), so a gradient from a
+  // saved lse keeps the forward's precision at any common offset of the logits.
+  bool lse_f64 = false;
 
   // Upstream gradient of row r: grad_loss[index.offset(kGradLossRow, r)] * grad_scale when grad_loss is set
   // (reduction none), else grad_scale (mean/sum, with 1/denominator folded in).

@@ -545,15 +545,30 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
             loss = zl = kNaN;  // as PyTorch: NaN or +inf logits, or a row of only -inf, make the loss NaN
           }
         }
-        if (p.lse_rows != nullptr) static_cast<Acc*>(p.lse_rows)[r] = rs.lse;
+        if (p.lse_rows != nullptr) {
+          if (p.lse_f64) {
+            static_cast<double*>(p.lse_rows)[r] = ok ? static_cast<double>(rs.top) + static_cast<double>(rs.log_s)
+                                                     : std::numeric_limits<double>::quiet_NaN();
+          } else {
+            static_cast<Acc*>(p.lse_rows)[r] = rs.lse;
+          }
+        }
         if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
         if (p.zloss_rows != nullptr) static_cast<Acc*>(p.zloss_rows)[r] = zl;
         block_loss += static_cast<double>(loss);
         block_zloss += static_cast<double>(zl);
       } else {
-        rs.lse = static_cast<const Acc*>(p.lse_in)[r];
-        rs.top = rs.lse;  // only the rounded lse is known here
-        rs.log_s = 0;
+        if (p.lse_f64) {
+          // top + log_s = the saved double: (top - z) + log_s then keeps the forward's precision
+          const double saved = static_cast<const double*>(p.lse_in)[r];
+          rs.top = static_cast<Acc>(saved);
+          rs.log_s = std::isfinite(rs.top) ? static_cast<Acc>(saved - static_cast<double>(rs.top)) : Acc(0);
+          rs.lse = rs.top;
+        } else {
+          rs.lse = static_cast<const Acc*>(p.lse_in)[r];
+          rs.top = rs.lse;  // only the rounded lse is known here
+          rs.log_s = 0;
+        }
         ok = !std::isnan(rs.lse);
         if (kSoft && ok) rs.sum_wp = RowSumWp<T, Acc>(pt, p.t_cstride, C, cx.w);
       }

@@ -789,15 +789,19 @@ TEST(CrossEntropyErrors, NonContiguousLossOutput) {
                {ErrorCode::invalid_value, ErrorCode::shape_mismatch, ErrorCode::bad_pointer},
                {Entry::forward, Entry::forward_backward});
 }
+// lse: the accumulation dtype or float64 (LargeCommonOffsetKeepsLossAndGradientPrecision uses float64).
 TEST(CrossEntropyErrors, LseShapeAndDtype) {
   static Tensor l5 = Tensor::make(DType::f32, {5}, Layout::contiguous, kSentinel);
-  static Tensor l64 = Tensor::make(DType::f64, {4}, Layout::contiguous, kSentinel);
+  static Tensor l16 = Tensor::make(DType::bf16, {4}, Layout::contiguous, kSentinel);
+  static Tensor l64x5 = Tensor::make(DType::f64, {5}, Layout::contiguous, kSentinel);
   expect_error([](ErrFixture& f) { f.out.lse = l5.view; return Views{}; }, {ErrorCode::shape_mismatch},
                {Entry::forward, Entry::forward_backward});
-  expect_error([](ErrFixture& f) { f.out.lse = l64.view; return Views{}; }, {ErrorCode::dtype_mismatch},
+  expect_error([](ErrFixture& f) { f.out.lse = l64x5.view; return Views{}; }, {ErrorCode::shape_mismatch},
+               {Entry::forward, Entry::forward_backward});
+  expect_error([](ErrFixture& f) { f.out.lse = l16.view; return Views{}; }, {ErrorCode::dtype_mismatch},
                {Entry::forward, Entry::forward_backward});
   expect_error([](ErrFixture& f) { f.lse_in = l5; return Views{}; }, {ErrorCode::shape_mismatch}, {Entry::backward});
-  expect_error([](ErrFixture& f) { f.lse_in = l64; return Views{}; }, {ErrorCode::dtype_mismatch}, {Entry::backward});
+  expect_error([](ErrFixture& f) { f.lse_in = l16; return Views{}; }, {ErrorCode::dtype_mismatch}, {Entry::backward});
 }
 TEST(CrossEntropyErrors, GradShapeAndDtype) {
   static Tensor g46 = Tensor::make(DType::f32, {4, 6}, Layout::contiguous, kSentinel);
@@ -1048,6 +1052,14 @@ TEST(CrossEntropyMisc, LargeCommonOffsetKeepsLossAndGradientPrecision) {
         lossfuse::cross_entropy_forward_backward(logits.view, target.view, o,
                                                  CrossEntropyOutputs{total.view, std::nullopt, std::nullopt},
                                                  std::nullopt, grad.view);
+        // The gradient from a saved float64 lse (reduction none's road) keeps the same precision for float32
+        // logits (float64 logits: the saved lse is rounded to double, ulp(2^40) / 2 = 2^-13 here; not checked).
+        o.reduction = Reduction::none;
+        Tensor lse64 = Tensor::make(DType::f64, {R});
+        lossfuse::cross_entropy_forward(logits.view, target.view, o,
+                                        CrossEntropyOutputs{rows.view, lse64.view, std::nullopt});
+        Tensor grad_saved = Tensor::make(k.dt, {R, C});
+        lossfuse::cross_entropy_backward(logits.view, target.view, lse64.view, std::nullopt, o, grad_saved.view);
         const long double log_c = std::log(static_cast<long double>(C));
         for (std::int64_t r = 0; r < R; ++r) {
           const std::int64_t y = target.get_int(r);
@@ -1066,6 +1078,11 @@ TEST(CrossEntropyMisc, LargeCommonOffsetKeepsLossAndGradientPrecision) {
             EXPECT_NEAR(grad.get(r * C + c), static_cast<double>(g),
                         32 * k.u * static_cast<double>(q + (c == y) + 0.01))
                 << "gradient of row " << r << " class " << c;
+            if (k.dt != DType::f64) {
+              EXPECT_NEAR(grad_saved.get(r * C + c), static_cast<double>(g),
+                          32 * k.u * static_cast<double>(q + (c == y) + 0.01))
+                  << "gradient from the saved float64 lse, row " << r << " class " << c;
+            }
             if (HasFailure()) return;
           }
         }
