@@ -17,9 +17,10 @@
 //     times (retain_graph, activation checkpointing).
 // The chunk has linear_cross_entropy_chunk_rows(N, Vt, acc bytes, options) rows (below), Vt the vocabulary tile
 // width (V when untiled).
-// Precision as cross_entropy.hpp: the loss keeps the precision of the logits' differences for any common offset;
-// gradients made from an lse (way 2, and the tiled way 1) carry its rounding, a relative error up to ulp(lse) / 2
-// per probability.
+// Precision as cross_entropy.hpp: the loss keeps the precision of the logits' differences for any common offset,
+// and so do the gradients made from an lse (way 2, and the tiled way 1): each row's lse is kept in double inside a
+// call, and a way-2 backward given lse in float64 (accepted beside the accumulation dtype) splits it back; given it
+// rounded to float32, each probability carries a relative error up to ulp(lse) / 2.
 //
 // Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
 // tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's
@@ -89,7 +90,7 @@ void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, cons
                                   const TensorView& target, const LinearCrossEntropyOptions& options,
                                   const CrossEntropyOutputs& outputs, const LinearCrossEntropyGrads& grads = {});
 
-// Way 2. lse: (N), as the forward wrote it. grad_loss: the loss's shape (absent: 1). Gradients are overwritten.
+// Way 2. lse: (N), as the forward wrote it (float64, or the accumulation dtype). grad_loss: the loss's shape (absent: 1). Gradients are overwritten.
 void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
                                    const TensorView& target, const TensorView& lse,
                                    const std::optional<TensorView>& grad_loss, const LinearCrossEntropyOptions& options,

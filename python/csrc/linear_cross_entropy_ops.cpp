@@ -121,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     c10::List<bool> grad_mask) {
   const std::int64_t N = input.dim() >= 1 ? input.size(0) : 0;
   at::Tensor loss = new_loss(input, {N}, red);
-  at::Tensor lse = new_acc(input, {N});
+  at::Tensor lse = new_lse(input, {N});
   at::Tensor z_loss = new_loss(input, {N}, red);
   at::Tensor gx = new_grad(input, grad_mask[0]);
   at::Tensor gw = new_grad(linear_weight, grad_mask[1]);

@@ -3,7 +3,7 @@
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, as_argument_error, autocast_float32, autocasts,
+from ._common import (acc_dtype, ArgumentError, lse_dtype, as_argument_error, autocast_float32, autocasts,
                       check_optional_tensors, check_tensors, class_target_mean, differentiable_grads, eager_scalar,
                       forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager,
                       reduction_code, register_autograd, upstream_not_finite)
@@ -31,15 +31,8 @@ def _rows(input):
 def _ce_fake(input, target, weight, reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
              compute_grad):
     rows = _rows(input)
-    return (new_loss(input, rows, reduction), input.new_empty(rows, dtype=_lse_dtype(input)),
+    return (new_loss(input, rows, reduction), input.new_empty(rows, dtype=lse_dtype(input)),
             new_loss(input, rows, reduction), new_grad(input, compute_grad))
-
-
-def _lse_dtype(input):
-    """The dtype of the lse the cross_entropy op saves: float64 for float32 and float64 logits, so that a gradient
-    made from it later (reduction 'none') keeps the forward's precision at any common offset of the logits (the
-    kernel writes max + log-sum summed in double); float32 for 16-bit logits. Callers get it in acc_dtype."""
-    return torch.float64 if input.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 @torch.library.register_fake("lossfuse::cross_entropy_backward")

@@ -6,8 +6,8 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, class_target_mean, differentiable_grads,
-                      graph_needed, in_acc_dtype, is_eager, new_grad, ops, reduction_code, register_autograd,
-                      upstream_not_finite)
+                      graph_needed, in_acc_dtype, is_eager, lse_dtype, new_grad, ops, reduction_code,
+                      register_autograd, upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -27,7 +27,7 @@ def _lce_fake(input, linear_weight, target, linear_bias, weight, reduction, igno
               logit_scale, softcap, z_loss_scale, chunk_rows, memory_budget, vocab_tile, grad_filter, grad_mask):
     n = input.shape[0]
     loss = input.new_empty((n,) if reduction == 0 else (), dtype=acc_dtype(input))
-    return (loss, input.new_empty((n,), dtype=acc_dtype(input)), torch.empty_like(loss),
+    return (loss, input.new_empty((n,), dtype=lse_dtype(input)), torch.empty_like(loss),
             new_grad(input, grad_mask[0]), new_grad(linear_weight, grad_mask[1]),
             _bias_grad_fake(linear_bias, input, grad_mask[2]))
 
@@ -232,7 +232,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     if red == 0:
         loss = loss.reshape(lead)
     loss = loss if loss.dtype == input.dtype or autocasting else loss.to(input.dtype)
-    return (loss, lse.reshape(lead)) if return_lse else loss
+    if not return_lse:
+        return loss
+    # the op saves float32 operands' lse in float64 (lse_dtype); returned in acc_dtype, as cross_entropy's
+    return loss, (lse if lse.dtype == acc_dtype(x) else lse.to(acc_dtype(x))).reshape(lead)
 
 
 class _LinearCrossEntropyModule(_tnn.modules.loss._WeightedLoss):

@@ -1004,10 +1004,10 @@ def test_non_finite_upstream_with_uint8_targets_past_155(path):
 def test_large_common_offset_keeps_precision(dtype, offset, options):
     """Logits offset + v with |offset| >> |v|: the loss and the gradient depend on the differences v only, as torch's
     log_softmax keeps them (lse is not rounded to the offset's ulp before lse - z_y). Compared with torch in float64 on
-    the same (exactly representable) values; linear_cross_entropy's loss as well (not the gradient of its saved-lse
-    backward, see its docstring). For reduction 'none' the gradient is made in backward from the saved lse (float64
-    for float32 logits), with a per-row upstream gradient; for float64 logits that lse is rounded to double, which at
-    2^40 leaves 2^-13 (not checked). With probability targets (float32), the gradient of the targets, lse - z."""
+    the same (exactly representable) values, and linear_cross_entropy's, whole rows and vocabulary tiles. For
+    reduction 'none' (and linear's tiles) the gradient is made in backward from the saved lse (float64 for float32
+    logits), with a per-row upstream gradient; for float64 logits that lse is rounded to double, which at 2^40 leaves
+    2^-13 (not checked). With probability targets (float32), the gradient of the targets, lse - z."""
     gen = torch.Generator().manual_seed(5)
     step = 2.0 ** -3 if dtype == torch.float32 else 2.0 ** -10
     v = torch.randint(-24, 25, (6, 50), generator=gen).double() * step
@@ -1039,9 +1039,15 @@ def test_large_common_offset_keeps_precision(dtype, offset, options):
         (gp,) = torch.autograd.grad(LF.cross_entropy(x, p, **options).sum(), p)
         (gpw,) = torch.autograd.grad(F.cross_entropy(v, pw, **options).sum(), pw)
         torch.testing.assert_close(gp.double(), gpw, **tol)
-    # linear: identity rows times W = the logits' transpose, so input @ W.T is the logits exactly
-    got_lin = LF.linear_cross_entropy(torch.eye(6, dtype=dtype), x.t().contiguous(), t, **options)
-    torch.testing.assert_close(got_lin.double(), want, **tol)
+    # linear: identity rows times W = the logits' transpose, so input @ W.T is the logits exactly, and the gradient
+    # of W is the logits' (transposed): whole rows (chunked or recompute) and vocabulary tiles (made from the lse)
+    for vocab_tile in (0, 16):
+        wt = x.t().contiguous().requires_grad_()
+        got_lin = LF.linear_cross_entropy(torch.eye(6, dtype=dtype), wt, t, vocab_tile=vocab_tile, **options)
+        torch.testing.assert_close(got_lin.double(), want, **tol)
+        if dtype == torch.float32 or (options["reduction"] != "none" and not vocab_tile):  # float64: made in forward
+            (gl,) = torch.autograd.grad(got_lin, wt, go.to(got_lin.dtype))
+            torch.testing.assert_close(gl.t().double(), gw, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)

@@ -81,12 +81,16 @@ void check_row_output(const TensorView& t, std::string_view name, const ClassPro
   check_contiguous(t, name);
 }
 
-void check_lse_view(const TensorView& t, const ClassProblem& pb) {
-  check_view(t, "lse");
+void check_lse_dtype(const TensorView& t, const ClassProblem& pb) {
   if (t.dtype != pb.acc && t.dtype != DType::f64) {
     throw Error(ErrorCode::dtype_mismatch, "lse", std::string(dtype_name(pb.acc)) + " or float64",
                 std::string(dtype_name(t.dtype)));
   }
+}
+
+void check_lse_view(const TensorView& t, const ClassProblem& pb) {
+  check_view(t, "lse");
+  check_lse_dtype(t, pb);
   check_shape(t, "lse", pb.row_shape, pb.row_ndim);
   check_contiguous(t, "lse");
 }

@@ -39,6 +39,8 @@ void check_grad_loss(const std::optional<TensorView>& grad_loss, const ClassProb
 void check_row_output(const TensorView& t, std::string_view name, const ClassProblem& pb);
 // A per-row log-sum-exp view: as check_row_output, but float64 is accepted for any logits dtype.
 void check_lse_view(const TensorView& t, const ClassProblem& pb);
+// Its dtype alone: the accumulation dtype or float64.
+void check_lse_dtype(const TensorView& t, const ClassProblem& pb);
 
 // Every pair of (name, view) in `written` is disjoint, and each is disjoint from every view in `read`.
 struct NamedView {

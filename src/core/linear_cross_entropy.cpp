@@ -197,6 +197,22 @@ void with_cap(bool cap, F&& f) {
 // Rows of a chunk per parallel task in the element loops: about 16K elements each.
 std::int64_t row_grain(std::int64_t cols) { return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)); }
 
+// A row's lse saved in double, taken apart for Acc arithmetic: hi = lse rounded to Acc, and exp(-(lse - hi)), the
+// factor by which q_c = exp(z_c - lse) = exp(z_c - hi) exp(-(lse - hi)) differs from exp(z_c - hi). z_c - hi keeps
+// the precision of the logits' differences near the row max, which lse rounded to Acc alone would not (at z ~ 1e3
+// in float32 every probability would be off by up to 3e-5 relative). For Acc = double the factor is 1.
+template <class Acc>
+struct SplitLse {
+  Acc hi;
+  Acc exp_neg_lo;
+};
+
+template <class Acc>
+SplitLse<Acc> split_lse(double lse) {
+  const Acc hi = static_cast<Acc>(lse);
+  return {hi, std::isfinite(hi) ? static_cast<Acc>(std::exp(-(lse - static_cast<double>(hi)))) : Acc(1)};
+}
+
 template <class Acc>
 class Runner {
  public:
@@ -234,8 +250,10 @@ class Runner {
 
   // Per chunk: logits -> cross-entropy (forward, forward+backward or backward) -> dx, dW, db; with vocabulary
   // tiles, per chunk the tiled forward and/or the tiled backward.
-  // scale[r]: the upstream gradient of row r's loss term (grads only). lse_rows: saved lse (backward only).
-  void run(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
+  // scale[r]: the upstream gradient of row r's loss term (grads only). lse_rows: each row's lse in double, written by
+  // the forward (max + log-sum summed in double) and read by the backward, which splits it into a rounded part and a
+  // remainder, so that gradients made from it keep the forward's precision at any common offset of the logits.
+  void run(Acc* loss_rows, double* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
     if (tile_major_) {
       run_tile_major(loss_rows, lse_rows, z_rows, scale, backward);
       return;
@@ -250,7 +268,7 @@ class Runner {
       make_logits(r0, rc, 0, p_.V);
       const TensorView logits = TensorView::contiguous(logits_.get(), p_.pb.acc, {rc, p_.V});
       const TensorView tgt = sub_rows(target_, r0, rc);
-      const TensorView lse = TensorView::contiguous(lse_rows + r0, p_.pb.acc, {rc});
+      const TensorView lse = TensorView::contiguous(lse_rows + r0, DType::f64, {rc});
       if (backward) {
         const TensorView gl = TensorView::contiguous(const_cast<Acc*>(scale + r0), p_.pb.acc, {rc});
         cross_entropy_backward(logits, tgt, lse, gl, ce_, logits, GradWrite::in_place);
@@ -296,7 +314,7 @@ class Runner {
     live_.resize(rows);
     weighted_ = !wts.empty();
     if (kVec) {
-      for (auto* a : {&row_max_, &row_shift_, &row_sum_, &row_qa_, &row_wb_, &row_ty_}) a->resize(rows);
+      for (auto* a : {&row_max_, &row_shift_, &row_sum_, &row_qa_, &row_wb_, &row_ty_, &row_lse_}) a->resize(rows);
       row_col_.resize(rows);
     }
   }
@@ -313,7 +331,7 @@ class Runner {
 
   // Tiled forward of rows [r0, r0 + rc): every tile's logits folded into the rows' running statistics, then the
   // rows' loss, lse and z-loss.
-  void tiled_forward(std::int64_t r0, std::int64_t rc, Acc* loss_rows, Acc* lse_rows, Acc* z_rows) {
+  void tiled_forward(std::int64_t r0, std::int64_t rc, Acc* loss_rows, double* lse_rows, Acc* z_rows) {
     load_targets(r0, rc);
     std::fill(state_.begin(), state_.begin() + rc, math::TileRowState<Acc>{});
     for (std::int64_t t = 0; t < tiles_; ++t) {
@@ -341,7 +359,9 @@ class Runner {
     for (std::int64_t i = 0; i < rc; ++i) {
       const math::CeRowResult<Acc> res = math::tile_row_finish(rp_, state_[i], ignored(y_[i]), wy_[i]);
       loss_rows[r0 + i] = res.loss;
-      lse_rows[r0 + i] = res.lse;
+      lse_rows[r0 + i] = std::isnan(res.lse) ? static_cast<double>(res.lse)
+                                             : static_cast<double>(state_[i].lse.m) +
+                                                   static_cast<double>(std::log(state_[i].lse.s));
       z_rows[r0 + i] = res.z_loss;
     }
   }
@@ -397,7 +417,7 @@ class Runner {
 
   // Tiled backward of rows [r0, r0 + rc) from their lse: per tile, logits recomputed, turned into their gradient
   // in place and multiplied into dx, dW and db; a tile whose gradient is zero in every row skips its products.
-  void tiled_backward(std::int64_t r0, std::int64_t rc, const Acc* lse_rows, const Acc* scale) {
+  void tiled_backward(std::int64_t r0, std::int64_t rc, const double* lse_rows, const Acc* scale) {
     load_targets(r0, rc);
     for (std::int64_t t = 0; t < tiles_; ++t) {
       const std::int64_t v0 = t * p_.Vt, vn = std::min(p_.Vt, p_.V - v0);
@@ -408,7 +428,7 @@ class Runner {
 
   // Tile [v0, v0 + vn) of rows [r0, r0 + rc) (targets loaded): logits recomputed and turned into their gradient in
   // logits_. False when that gradient is zero in every row (its products can be skipped).
-  bool grad_tile(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, const Acc* lse_rows,
+  bool grad_tile(std::int64_t r0, std::int64_t rc, std::int64_t v0, std::int64_t vn, const double* lse_rows,
                  const Acc* scale) {
     make_logits(r0, rc, v0, vn, !kVec);
     if constexpr (kVec) {
@@ -430,15 +450,18 @@ class Runner {
   // Rows [i0, i1) of the tile [v0, v0 + vn) in logits_ (the GEMM's products, no bias yet) become d loss / d logits
   // by the vector kernels, as grad_tile_row does one row; lse and g: the chunk's rows. With the gradient filter the
   // tile's z and row maxima come first. Rows with a NaN lse or an ignored target are then set whole (NaN, 0).
-  void grad_tile_rows_vec(std::int64_t i0, std::int64_t i1, std::int64_t v0, std::int64_t vn, const Acc* lse,
+  void grad_tile_rows_vec(std::int64_t i0, std::int64_t i1, std::int64_t v0, std::int64_t vn, const double* lse_d,
                           const Acc* g) {
     if constexpr (kVec) {
       const cpu::LceTile tile = tile_view(v0, vn);
       const bool filter = filter_ > Acc(0);
       if (filter) cpu::lce_tile_transform_max(tile, i0, i1, row_max_.data());
+      Acc* lse = row_lse_.data();
       for (std::int64_t i = i0; i < i1; ++i) {
         const std::int64_t y = y_[i];
         row_col_[i] = y - v0;
+        const SplitLse<Acc> sl = split_lse<Acc>(lse_d[i]);
+        lse[i] = sl.hi;
         if (std::isnan(lse[i]) || ignored(y)) {
           row_qa_[i] = row_wb_[i] = row_ty_[i] = Acc(0);
           live_[i] = std::isnan(lse[i]) ? 1 : 0;
@@ -446,7 +469,7 @@ class Runner {
         }
         const bool keep = !filter || math::grad_filter_keeps(row_max_[i], lse[i], filter_);
         const math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse[i], wy_[i], g[i], keep);
-        row_qa_[i] = k.qa, row_wb_[i] = k.wb, row_ty_[i] = k.ty;
+        row_qa_[i] = k.qa * sl.exp_neg_lo, row_wb_[i] = k.wb, row_ty_[i] = k.ty;
         live_[i] = keep || rp_.eps_over_c != Acc(0) || (y >= v0 && y < v0 + vn) ? 1 : 0;
       }
       cpu::LceTileGradRows rows;
@@ -468,7 +491,7 @@ class Runner {
 
   // Tiled with a dW accumulator: the forward chunk by chunk (every row's lse), then the backward tile-major, so
   // dW's accumulator holds one tile (stored, rounded once, when every chunk has added into it) and dx's all rows.
-  void run_tile_major(Acc* loss_rows, Acc* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
+  void run_tile_major(Acc* loss_rows, double* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
     const std::int64_t chunks = (p_.N + R_ - 1) / R_;
     if (!backward) {
       for (std::int64_t r0 = 0; r0 < p_.N; r0 += R_) {
@@ -507,7 +530,9 @@ class Runner {
   // Row i of the tile [v0, v0 + vn) in logits_ becomes d loss / d logits. Returns 0 when it is all zero (an ignored
   // row, or a filtered one with no target or smoothing term in the tile).
   template <bool kCap>
-  char grad_tile_row(std::int64_t i, std::int64_t v0, std::int64_t vn, Acc lse, Acc g) {
+  char grad_tile_row(std::int64_t i, std::int64_t v0, std::int64_t vn, double lse_d, Acc g) {
+    const SplitLse<Acc> sl = split_lse<Acc>(lse_d);
+    const Acc lse = sl.hi;
     Acc* z = logits_.get() + i * vn;
     const std::int64_t y = y_[i];
     if (std::isnan(lse)) {  // a non-finite row: NaN gradient, as PyTorch's log_softmax backward (even if ignored)
@@ -525,7 +550,8 @@ class Runner {
       m = v > m ? v : m;
     }
     const bool keep = math::grad_filter_keeps(m, lse, filter_);
-    const math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse, wy_[i], g, keep);
+    math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse, wy_[i], g, keep);
+    k.qa *= sl.exp_neg_lo;
     const Acc* w = wc_.data() + v0;
     const std::int64_t yj = y - v0;  // the target's column in the tile (maybe outside it)
     for (std::int64_t j = 0; j < vn; ++j) {
@@ -719,9 +745,9 @@ class Runner {
   std::vector<char> live_;  // per row of the current tile: its gradient may be nonzero
   bool weighted_ = false;   // class weights given (else wc_ is all 1)
   // float32 tiles (the vector row kernels): per row of the chunk, the tile's max, shift and sum of exps, and the
-  // gradient's coefficients and target column.
+  // gradient's coefficients, lse (its rounded part) and target column.
   static constexpr bool kVec = std::is_same_v<Acc, float>;
-  std::vector<Acc> row_max_, row_shift_, row_sum_, row_qa_, row_wb_, row_ty_;
+  std::vector<Acc> row_max_, row_shift_, row_sum_, row_qa_, row_wb_, row_ty_, row_lse_;
   std::vector<std::int64_t> row_col_;
 };
 
@@ -768,13 +794,19 @@ void forward(const Problem& p, const TensorView& x, const TensorView& w, const s
              const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
   const Denominator denom = scan<Acc>(p, target, o, wts);
-  std::vector<Acc> loss(static_cast<std::size_t>(p.N)), lse(loss.size()), zl(loss.size());
+  std::vector<Acc> loss(static_cast<std::size_t>(p.N)), zl(loss.size());
+  std::vector<double> lse(loss.size());
   // Upstream gradient 1 on the reduced loss: each row's term carries 1 (none, sum) or 1 / denominator (mean)
   const Acc s = o.ce.reduction == Reduction::mean ? static_cast<Acc>(denom.mean_scale(1.0)) : Acc(1);
   std::vector<Acc> scale(loss.size(), s);
   Runner<Acc>(p, x, w, b, target, o, g, wts).run(loss.data(), lse.data(), zl.data(), scale.data(), false);
   write_reduced(out.loss, loss, o.ce.reduction, denom.value);
-  if (out.lse) std::copy(lse.begin(), lse.end(), static_cast<Acc*>(out.lse->data));
+  if (out.lse && out.lse->dtype == DType::f64) {
+    std::copy(lse.begin(), lse.end(), static_cast<double*>(out.lse->data));
+  } else if (out.lse) {
+    std::transform(lse.begin(), lse.end(), static_cast<Acc*>(out.lse->data),
+                   [](double v) { return static_cast<Acc>(v); });
+  }
   if (out.z_loss) write_reduced(*out.z_loss, zl, o.ce.reduction, denom.sum);
 }
 
@@ -784,8 +816,12 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
               const LinearCrossEntropyOptions& o, const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
   const Denominator denom = scan<Acc>(p, target, o, wts);
-  std::vector<Acc> lse(static_cast<std::size_t>(p.N)), scale(lse.size());
-  for (std::int64_t r = 0; r < p.N; ++r) lse[r] = static_cast<const Acc*>(lse_in.data)[r * lse_in.strides[0]];
+  std::vector<double> lse(static_cast<std::size_t>(p.N));
+  std::vector<Acc> scale(lse.size());
+  for (std::int64_t r = 0; r < p.N; ++r) {
+    lse[r] = lse_in.dtype == DType::f64 ? static_cast<const double*>(lse_in.data)[r * lse_in.strides[0]]
+                                        : static_cast<double>(static_cast<const Acc*>(lse_in.data)[r * lse_in.strides[0]]);
+  }
   const Acc* gl = grad_loss ? static_cast<const Acc*>(grad_loss->data) : nullptr;
   if (o.ce.reduction == Reduction::none) {
     for (std::int64_t r = 0; r < p.N; ++r) scale[r] = gl ? gl[r * grad_loss->strides[0]] : Acc(1);
@@ -828,7 +864,7 @@ void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, cons
   core::check_contiguous(out.loss, "loss");
   written.push_back({"loss", &out.loss});
   if (out.lse) {
-    core::check_row_output(*out.lse, "lse", p.pb);
+    core::check_lse_view(*out.lse, p.pb);
     written.push_back({"lse", &*out.lse});
   }
   if (out.z_loss) {
@@ -856,7 +892,7 @@ void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, con
   if (b) read.push_back({"bias", &*b});
   if (options.ce.weight) read.push_back({"class_weight", &*options.ce.weight});
   core::check_view(lse, "lse");
-  core::check_dtype(lse, "lse", p.pb.acc);
+  core::check_lse_dtype(lse, p.pb);
   core::check_shape(lse, "lse", p.pb.row_shape, 1);
   core::check_grad_loss(grad_loss, p.pb, options.ce.reduction);
   if (grad_loss) read.push_back({"grad_loss", &*grad_loss});

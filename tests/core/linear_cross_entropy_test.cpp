@@ -341,6 +341,76 @@ TEST(LinearCeEdge, TileMajorBackwardWithStridedWeightGrad) {
   }
 }
 
+// Logits with a large common offset O (float32 at O = +-2^20: ulp 0.125): lse rounded to float32 would carry up to
+// 0.06 into every probability's exponent. Each row's lse is kept in double within a call and split back for the
+// gradient, and a way-2 backward given the float64 lse the forward wrote does the same: the gradients made from an
+// lse (way 2 untiled and tiled, and the tiled way 1) keep the precision of the logits' differences. x is the
+// identity and W the logits' transpose, so x W^T is the logits exactly and dW = G^T is the logits' gradient G.
+// Reduction none with an upstream gradient per row (way 2), or sum (way 1). Reference: long double, offset-free.
+TEST(LinearCeEdge, LargeCommonOffsetKeepsGradientPrecision) {
+  const std::int64_t N = 4, V = 300;
+  const double u = 0x1p-24, step = 0.125;
+  for (const double offset : {1048576.0, -1048576.0}) {
+    Rng rng(17);
+    Tensor x = Tensor::make(DType::f32, {N, N});
+    Tensor w = Tensor::make(DType::f32, {V, N});
+    Tensor t = Tensor::make(DType::i64, {N});
+    std::vector<long double> v(static_cast<std::size_t>(N * V));
+    for (std::int64_t i = 0; i < N; ++i) {
+      x.set(i * N + i, 1.0);
+      const std::int64_t y = static_cast<std::int64_t>(rng.uniform(0.0, V - 1.0));
+      t.set_int(i, y);
+      for (std::int64_t c = 0; c < V; ++c) {
+        const double k = i == N - 1 ? (c == y ? 0.0 : -80.0) : std::round(rng.uniform(-24.0, 24.0));
+        v[i * V + c] = static_cast<long double>(k * step);
+        w.set(c * N + i, offset + k * step);  // W[c, i] = logit (i, c)
+      }
+    }
+    const std::vector<double> upstream = {0.5, 1.0, 2.0, 0.25};
+    for (const std::int64_t tile : {std::int64_t{0}, std::int64_t{64}}) {
+      for (const bool fused : {false, true}) {
+        if (fused && tile == 0) continue;  // untiled way 1: the fused cross-entropy kernel, tested with it
+        SCOPED_TRACE("offset " + std::to_string(offset) + " tile " + std::to_string(tile) +
+                     (fused ? " forward-with-grads" : " forward+backward"));
+        LinearCrossEntropyOptions o;
+        o.vocab_tile = tile;
+        o.chunk_rows = 3;
+        o.ce.reduction = fused ? Reduction::sum : Reduction::none;
+        Tensor loss = Tensor::make(DType::f32, fused ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{N});
+        Tensor lse = Tensor::make(DType::f64, {N});
+        Tensor gw = Tensor::make(DType::f32, {V, N});
+        const LinearCrossEntropyGrads g{std::nullopt, gw.view, std::nullopt};
+        const CrossEntropyOutputs out{loss.view, lse.view, std::nullopt};
+        if (fused) {
+          lossfuse::linear_cross_entropy_forward(x.view, w.view, std::nullopt, t.view, o, out, g);
+        } else {
+          lossfuse::linear_cross_entropy_forward(x.view, w.view, std::nullopt, t.view, o, out);
+          Tensor gl = Tensor::make(DType::f32, {N});
+          for (std::int64_t i = 0; i < N; ++i) gl.set(i, upstream[i]);
+          lossfuse::linear_cross_entropy_backward(x.view, w.view, std::nullopt, t.view, lse.view, gl.view, o, g);
+        }
+        for (std::int64_t i = 0; i < N; ++i) {
+          const long double go = fused ? 1.0L : static_cast<long double>(upstream[i]);
+          long double m = -1e300L, sum = 0;
+          for (std::int64_t c = 0; c < V; ++c) m = std::max(m, v[i * V + c]);
+          for (std::int64_t c = 0; c < V; ++c) sum += std::exp(v[i * V + c] - m);
+          const long double l = m + std::log(sum);
+          EXPECT_NEAR(lse.get(i), offset + static_cast<double>(l), 1e-9 * std::abs(offset)) << "lse of row " << i;
+          for (std::int64_t c = 0; c < V; ++c) {
+            const long double q = std::exp(v[i * V + c] - l);
+            const bool at_y = c == t.get_int(i);
+            const long double want = go * (q - (at_y ? 1 : 0));
+            EXPECT_NEAR(gw.get(c * N + i), static_cast<double>(want),
+                        32 * u * static_cast<double>(go * (q + (at_y ? 1 : 0) + 0.01L)))
+                << "gradient of row " << i << " class " << c;
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // The gradient filter (tiled backward).
 
