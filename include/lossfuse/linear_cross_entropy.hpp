@@ -18,9 +18,9 @@
 // The chunk has linear_cross_entropy_chunk_rows(N, Vt, acc bytes, options) rows (below), Vt the vocabulary tile
 // width (V when untiled).
 // Precision as cross_entropy.hpp: the loss keeps the precision of the logits' differences for any common offset,
-// and so do the gradients made from an lse (way 2, and the tiled way 1): each row's lse is kept in double inside a
-// call, and a way-2 backward given lse in float64 (accepted beside the accumulation dtype) splits it back; given it
-// rounded to float32, each probability carries a relative error up to ulp(lse) / 2.
+// and so do the gradients made from an lse (way 2, and the tiled way 1) up to 1.1e-16 |lse| per probability: each
+// row's lse is kept in double inside a call, and a way-2 backward given lse in float64 (accepted beside the
+// accumulation dtype) splits it back; given it rounded to float32, each probability carries up to ulp(lse) / 2.
 //
 // Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
 // tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's

@@ -230,10 +230,7 @@ at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
 
 at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) { return new_output(shape, acc_type(input)); }
 
-at::Tensor new_lse(const at::Tensor& logits, at::IntArrayRef rows) {
-  const auto t = logits.scalar_type();
-  return new_output(rows, t == at::kFloat || t == at::kDouble ? at::kDouble : at::kFloat);
-}
+at::Tensor new_lse(const at::Tensor& /*logits*/, at::IntArrayRef rows) { return new_output(rows, at::kDouble); }
 
 at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t r) {
   return r == 0 ? new_acc(input, rows) : new_acc(input, {});

@@ -20,8 +20,12 @@ from ._patch import patch_torch, unpatch_torch
 
 _register_vmap_rules()  # after every op above is defined
 
-__all__ = ["nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError"]
+__all__ = ["nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError", "cache_key_tag"]
 __version__ = "0.1.0"
+
+# This build's digest, added to torch.compiler.config.cache_key_tag at import (see _library): include it in a tag set
+# after importing lossfuse.
+cache_key_tag = _library.TAG
 
 
 def empty_cache():

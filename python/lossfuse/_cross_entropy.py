@@ -86,7 +86,7 @@ def _soft_target_grad(input, target, weight, lse, grad_output, args):
     z = input.to(acc) * logit_scale
     if softcap > 0:
         z = softcap * torch.tanh(z / softcap)
-    # lse - z as (hi - z) + lo, hi + lo the saved lse (float64 for float32 logits): precise at any common offset
+    # lse - z as (hi - z) + lo, hi + lo the saved lse (float64, lse_dtype): precise at any common offset
     hi = lse.to(acc)
     g = hi.unsqueeze(cdim) - z
     if lse.dtype != acc:
@@ -254,9 +254,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     Precision: the loss and the gradient keep the precision of the logits' differences whatever their common offset
     (as torch's log_softmax). A gradient made in backward from the saved lse (reduction 'none', and the rarer roads
     that remake it: a non-finite upstream gradient, autocast's float32 loss under an upstream gradient other than 1,
-    vmap) reads an lse saved in float64 for float32 logits, which keeps that precision; float64 logits' lse carries
-    a relative error up to 1.1e-16 |lse| per probability, and 16-bit logits' (saved in float32) one far below their
-    gradient's rounding.
+    vmap) reads the lse saved in float64 (max + log-sum summed in double), so each probability carries a relative
+    error up to 1.1e-16 |lse| beside its own rounding: below float32's for |lse| < 5e8.
 
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
@@ -341,7 +340,7 @@ def _autocast_class_target_logits(input, soft):
 def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss, lse_dtype):
     out = (loss if loss.dtype == dtype else loss.to(dtype),)
     if return_lse:
-        # lse_dtype: acc_dtype of the logits the op read (the op saves float32 logits' lse in float64, _lse_dtype)
+        # lse_dtype: acc_dtype of the logits the op read (the op saves lse in float64, _common.lse_dtype)
         out += (lse if lse.dtype == lse_dtype else lse.to(lse_dtype),)
     if return_z_loss:
         out += (z_loss if z_loss.dtype == dtype else z_loss.to(dtype),)

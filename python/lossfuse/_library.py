@@ -30,18 +30,26 @@ torch.ops.load_library(PATH)
 
 
 def build_tag(package_dir, library):
-    """A digest of one build of lossfuse: the Python sources under package_dir and the kernels' file (its size and
-    modification time)."""
+    """A digest of one build of lossfuse: the contents of the Python sources under package_dir and of the kernels'
+    file (about 8 ms for the latter), the same for every install of one build. Hidden files and folders (an editor's
+    lock files) and files that cannot be read are left out: the digest never fails."""
     digest = hashlib.sha256()
     for root, dirs, files in os.walk(package_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(f for f in files if f.endswith(".py") and not f.startswith(".")):
             path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, package_dir).encode())
-            with open(path, "rb") as f:
-                digest.update(f.read())
-    st = os.stat(library)
-    digest.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            try:
+                with open(path, "rb") as f:
+                    content = f.read()
+            except OSError:
+                continue
+            digest.update(os.path.relpath(path, package_dir).encode() + b"\0" + content)
+    try:
+        with open(library, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        pass
     return "lossfuse-" + digest.hexdigest()[:16]
 
 
@@ -56,6 +64,7 @@ def joined_tag(existing, tag):
 # a graph by its ops, not by the Python that gives a custom op its fake outputs and its autograd formula. After
 # lossfuse changes, a graph compiled against the previous build would be reused: outputs of the old dtypes (a runtime
 # error), or the old backward formula (silently). The tag, part of every such cache key, gives each build of lossfuse
-# caches of its own.
+# caches of its own. It is set once, here: a caller who sets cache_key_tag after importing lossfuse replaces it, and
+# should include lossfuse.cache_key_tag in the new value.
 TAG = build_tag(_HERE, PATH)
 torch.compiler.config.cache_key_tag = joined_tag(torch.compiler.config.cache_key_tag, TAG)

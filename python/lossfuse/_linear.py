@@ -234,7 +234,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     loss = loss if loss.dtype == input.dtype or autocasting else loss.to(input.dtype)
     if not return_lse:
         return loss
-    # the op saves float32 operands' lse in float64 (lse_dtype); returned in acc_dtype, as cross_entropy's
+    # the op saves lse in float64 (lse_dtype); returned in acc_dtype, as cross_entropy's
     return loss, (lse if lse.dtype == acc_dtype(x) else lse.to(acc_dtype(x))).reshape(lead)
 
 

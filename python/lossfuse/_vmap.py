@@ -244,7 +244,7 @@ class _CrossEntropy(_Classes):
                 if args[-1]:
                     grad = (grad * scale.unsqueeze(1)).to(grad.dtype)
                 else:
-                    upstream = scale.to(lse.dtype)
+                    upstream = scale.to(torch.float64 if input.dtype == torch.float64 else torch.float32)
                     grad = torch.ops.lossfuse.cross_entropy_backward(
                         upstream, input, args[self.target], lse.reshape(-1), args[self.weight], 0, *args[4:9])
             grad = grad.reshape(n, *shape)

@@ -213,9 +213,11 @@ def _transform(x, logit_scale, softcap):
 
 def _slice_stats(x, t, ignore_index, eps, scale, softcap, start):
     """Per-row statistics of one slice of the vocabulary, x (rows, C_rank) its logits, t (rows) the global targets
-    (int64): (stats, t_local, valid, mine), stats (3, rows) in the accumulation dtype holding the slice's log-sum-exp,
-    the target's z where the target falls in this slice (else 0) and, with label smoothing, the sum of the slice's z;
-    t_local the targets handed to the kernels; valid the counted rows; mine the rows whose target is in this slice."""
+    (int64): (stats, t_local, valid, mine), stats (3, rows) in float64 holding the slice's log-sum-exp (as the kernel
+    saves it: max + log-sum summed in double, so the whole lse and the gradients made from it keep the precision of
+    the logits' differences at any common offset), the target's z where the target falls in this slice (else 0) and,
+    with label smoothing, the sum of the slice's z; t_local the targets handed to the kernels; valid the counted
+    rows; mine the rows whose target is in this slice."""
     classes = x.shape[1]
     acc = acc_dtype(x)
     valid = t != ignore_index
@@ -230,7 +232,7 @@ def _slice_stats(x, t, ignore_index, eps, scale, softcap, start):
     loss_local, lse_local = torch.ops.lossfuse.cross_entropy(x, t_local, None, 0, _LOCAL_IGNORE,
                                                              1.0 if eps > 0 else 0.0, scale, softcap, 0.0,
                                                              False)[:2]
-    stats = torch.zeros(3, x.shape[0], dtype=acc, device=x.device)
+    stats = torch.zeros(3, x.shape[0], dtype=torch.float64, device=x.device)
     odd = lse_local.isnan()
     if eps > 0:
         stats[2] = (lse_local - loss_local) * classes
@@ -240,7 +242,7 @@ def _slice_stats(x, t, ignore_index, eps, scale, softcap, start):
         # adds nothing to the row's sum: its log-sum-exp is -inf. These rows' sums of z are taken directly.
         z_rows = _transform(x[odd].to(acc), scale, softcap)[0]
         lse_local[odd] = torch.where(torch.isneginf(z_rows).all(1), -torch.inf, lse_local[odd])
-        stats[2, odd] = z_rows.sum(1) if eps > 0 else 0
+        stats[2, odd] = z_rows.sum(1).to(stats.dtype) if eps > 0 else 0
     z_target = _transform(x.gather(1, t_local.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc), scale, softcap)[0]
     stats[0] = lse_local
     stats[1] = torch.where(mine, z_target, 0)
@@ -278,12 +280,12 @@ def _reduce(rows, red, count, acc):
 
 
 def _slice_grad(x, t_local, lse, valid, mine, go, red, count, options, inplace):
-    """The gradient of one slice's logits x (rows, C_rank) from the whole vocabulary's lse: go the upstream gradient
-    (per row for reduction 'none', else the scalar) in the accumulation dtype, count the counted rows of the whole
-    batch. inplace: written over x."""
+    """The gradient of one slice's logits x (rows, C_rank) from the whole vocabulary's lse (float64): go the upstream
+    gradient (per row for reduction 'none', else the scalar) in the accumulation dtype, count the counted rows of the
+    whole batch. inplace: written over x."""
     _, _, eps, scale, softcap, zs, _, vocab = options[:8]
     classes = x.shape[1]
-    acc = lse.dtype
+    acc = acc_dtype(x)
     # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
     # before an in-place gradient overwrites it.
     idx = valid.nonzero().squeeze(1)
@@ -327,7 +329,7 @@ class _VocabParallelCE(torch.autograd.Function):
     def backward(ctx, grad_loss):
         x, t_local, lse, valid, mine, count = ctx.saved_tensors
         red, inplace = ctx.options[0], ctx.options[-1]
-        go = grad_loss.to(lse.dtype)
+        go = grad_loss.to(acc_dtype(x))
         g = _slice_grad(x, t_local, lse, valid, mine, go.reshape(-1) if red == 0 else go, red, count, ctx.options,
                         inplace)
         return g.reshape(ctx.input_shape), None, None
@@ -464,7 +466,7 @@ class _VocabParallelLinearCE(torch.autograd.Function):
         t = target.reshape(-1).long()
         acc = acc_dtype(input)
         n = x.shape[0]
-        stats = torch.zeros(3, n, dtype=acc, device=x.device)
+        stats = torch.zeros(3, n, dtype=torch.float64, device=x.device)
         t_local = torch.empty_like(t)
         valid = torch.empty(n, dtype=torch.bool, device=x.device)
         mine = torch.empty_like(valid)
@@ -485,7 +487,7 @@ class _VocabParallelLinearCE(torch.autograd.Function):
         x, weight, bias, t_local, lse, valid, mine, count = ctx.saved_tensors
         red, group, chunk, reduce_dx = ctx.options[0], ctx.options[8], ctx.options[9], ctx.options[10]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        acc = lse.dtype
+        acc = acc_dtype(x)
         go = grad_loss.to(acc).reshape(-1) if red == 0 else grad_loss.to(acc)
         n = x.shape[0]
         dx = torch.zeros(x.shape, dtype=acc, device=x.device) if need_x else None

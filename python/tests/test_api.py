@@ -477,10 +477,12 @@ def test_compile_caches_are_tagged_with_this_build(tmp_path):
     """torch.compile's on-disk caches key a graph by its ops, not by the Python behind a custom op (its fake outputs,
     its autograd formula): a graph compiled against another build of lossfuse was reused (outputs of the old dtypes
     after the cross_entropy op's lse became float64 for float32 logits). Importing lossfuse adds a digest of its build
-    to torch.compiler.config.cache_key_tag, which every such key includes; it changes with any source file and with
-    the kernels' file, and a caller's own tag is kept."""
+    to torch.compiler.config.cache_key_tag, which every such key includes; it changes with the contents of any source
+    file and of the kernels' file (not with their times: every install of a build shares its caches), a caller's own
+    tag set before the import is kept, and files it cannot read (an editor's dangling lock link) are left out."""
     from lossfuse import _library as lib
     assert lib.TAG.startswith("lossfuse-") and lib.TAG in torch.compiler.config.cache_key_tag.split("+")
+    assert lossfuse.cache_key_tag == lib.TAG
     package = tmp_path / "pkg"
     (package / "nn").mkdir(parents=True)
     (package / "a.py").write_text("x = 1\n")
@@ -489,10 +491,14 @@ def test_compile_caches_are_tagged_with_this_build(tmp_path):
     library.write_bytes(b"\0" * 64)
     first = lib.build_tag(str(package), str(library))
     assert first == lib.build_tag(str(package), str(library))
+    os.symlink(str(tmp_path / "gone"), str(package / ".#a.py"))  # dangling, as emacs leaves while editing
+    (package / "nn" / "unreadable.py").symlink_to(tmp_path / "gone")
+    os.utime(library, ns=(1, 1))
+    assert lib.build_tag(str(package), str(library)) == first
     (package / "nn" / "b.py").write_text("y = 3\n")
     second = lib.build_tag(str(package), str(library))
     assert second != first
-    os.utime(library, ns=(1, 1))
+    library.write_bytes(b"\1" * 64)
     assert lib.build_tag(str(package), str(library)) != second
     assert lib.joined_tag("", first) == first
     assert lib.joined_tag("mine", first) == "mine+" + first

@@ -1050,6 +1050,36 @@ def test_large_common_offset_keeps_precision(dtype, offset, options):
             torch.testing.assert_close(gl.t().double(), gw, **tol)
 
 
+@pytest.mark.parametrize("dtype,offset", [(torch.bfloat16, 2.0 ** 20), (torch.float16, 2.0 ** 15),
+                                          (torch.float32, 2.0 ** 26), (torch.float32, -2.0 ** 26)], ids=str)
+@pytest.mark.parametrize("linear", [False, True], ids=["cross_entropy", "linear"])
+def test_tied_logits_at_a_large_offset_give_exact_saved_lse_gradients(dtype, offset, linear):
+    """Rows of C = 4 equal logits at a large offset, reduction 'none' with an upstream gradient of 1: the gradient,
+    made in backward from the saved lse, is 1/4 - [c == y] (exactly in 16 bits, within 2 ulp in float32).
+    The lse is saved in float64 for every dtype and split back into its rounding and remainder (a float32 lse for
+    16-bit logits gave 0.252 at bfloat16's 2^20). Documented limit: float64 holds max + log-sum to 1.1e-16 |lse|,
+    below float32's rounding for |lse| < 5e8 (2^26 here)."""
+    x = torch.full((3, 4), offset, dtype=dtype)
+    t = torch.tensor([0, 3, 1])
+    want = torch.full((3, 4), 0.25, dtype=dtype)
+    want[torch.arange(3), t] = -0.75
+    if linear:  # identity rows times W = the logits' transpose; dW is the logits' gradient, transposed
+        w = x.t().contiguous().requires_grad_()
+        loss = LF.linear_cross_entropy(torch.eye(3, dtype=dtype), w, t, reduction="none")
+        (g,) = torch.autograd.grad(loss, w, torch.ones_like(loss))
+        g = g.t()
+    else:
+        xa = x.clone().requires_grad_()
+        loss = LF.cross_entropy(xa, t, reduction="none")
+        (g,) = torch.autograd.grad(loss, xa, torch.ones_like(loss))
+    xt = x.clone().requires_grad_()
+    (gt,) = torch.autograd.grad(F.cross_entropy(xt, t, reduction="none"), xt, torch.ones(3, dtype=dtype))
+    tol = dict(rtol=0, atol=0) if dtype != torch.float32 else dict(rtol=2.4e-7, atol=0)
+    torch.testing.assert_close(g, want, **tol)
+    # torch's is no closer (float16: its log_softmax output rounded to 16 bits gives 0.2501)
+    assert (g.double() - want.double()).abs().max() <= (gt.double() - want.double()).abs().max() + 6e-8
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])

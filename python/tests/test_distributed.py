@@ -155,6 +155,13 @@ def case_values(rank, world):
     one_case(rank, world, torch.float32, dict(label_smoothing=-0.3))  # negative: no smoothing, as torch
     one_case(rank, world, torch.float32, dict(), shape=(7,))  # (N, V_rank)
     one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4))
+    # logits at a large common offset (float32 ulp 0.125 at 2^20): the slices' lse are gathered in float64 (max +
+    # log-sum summed in double), so the whole lse and the gradients made from it keep the precision of the logits'
+    # differences (the lse rounded to float32 put 1.5e-2 into the 'none' gradient)
+    for offset in (2.0 ** 20, -2.0 ** 20):
+        for kw in (dict(reduction="none"), dict(reduction="mean", label_smoothing=0.1)):
+            one_case(rank, world, torch.float32, kw, upstream=upstream_rows if kw["reduction"] == "none" else
+                     (lambda l: torch.ones_like(l)), edit=lambda x, t, o=offset: x.add_(o))
     # inplace=True: the gradient written over each rank's logits in backward
     for dtype in DTYPES:
         one_case(rank, world, dtype, dict(reduction="mean", label_smoothing=0.1, z_loss_scale=1e-2), inplace=True)

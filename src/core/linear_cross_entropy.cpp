@@ -252,7 +252,8 @@ class Runner {
   // tiles, per chunk the tiled forward and/or the tiled backward.
   // scale[r]: the upstream gradient of row r's loss term (grads only). lse_rows: each row's lse in double, written by
   // the forward (max + log-sum summed in double) and read by the backward, which splits it into a rounded part and a
-  // remainder, so that gradients made from it keep the forward's precision at any common offset of the logits.
+  // remainder, so that gradients made from it keep the forward's precision at any common offset of the logits (up
+  // to 1.1e-16 |lse| per probability).
   void run(Acc* loss_rows, double* lse_rows, Acc* z_rows, const Acc* scale, bool backward) {
     if (tile_major_) {
       run_tile_major(loss_rows, lse_rows, z_rows, scale, backward);

@@ -373,7 +373,7 @@ HWY_INLINE T GradScalar(Acc t, Acc xv, const T* pt, std::int64_t ts, std::int64_
   return FromAcc<T>(t * gscale * cx.xf.derivative(xv));
 }
 
-// Gradient of one row from lse = top + log_s (math::RowSums; a saved lse as top, log_s = 0):
+// Gradient of one row from lse = top + log_s (math::RowSums; a saved lse split into its rounding and remainder):
 // q_c = exp((z_c - top) - log_s), then GradValue.
 template <bool kCap, bool kSoft, bool kPairHw, bool kStream, class T, class Acc>
 HWY_NOINLINE void RowGrad(const T* x, std::int64_t xs, const T* pt, std::int64_t ts, T* g, std::int64_t gs_,

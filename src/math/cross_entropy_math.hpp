@@ -71,7 +71,7 @@ struct RowSums {
   // lse split as top + log_s, top the row's max z and log_s = log sum exp(z_c - top) in [0, log C]: differences
   // lse - v are taken as (top - v) + log_s (lse_minus), so they keep the bits that rounding lse to the magnitude of z
   // drops (for |z| >> 1: at z ~ 1e3 in float32 a loss of 5e-5 would be off by 1e-5). Where only a saved lse is known
-  // (backward), top = lse and log_s = 0: the same as lse - v.
+  // (backward), top = the saved lse rounded to Acc and log_s = the remainder of a float64 one (else 0).
   Acc top;
   Acc log_s;
 };
