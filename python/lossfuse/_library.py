@@ -44,6 +44,7 @@ def build_tag(package_dir, library):
             except OSError:
                 continue
             digest.update(os.path.relpath(path, package_dir).encode() + b"\0" + content)
+    digest.update(b"\0kernels\0")
     try:
         with open(library, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

@@ -7,7 +7,7 @@ cross_entropy would give on the logits concatenated along the classes, without g
 
   forward   each rank reads its slice once (the lossfuse kernel: the slice's log-sum-exp per row, and the sum of its
             logits for label smoothing) and picks the target's logit where the target falls in its slice; one
-            all_gather of these per-row numbers (3 x N floats per rank) gives every rank the full rows' statistics
+            all_gather of these per-row numbers (3 x N doubles per rank) gives every rank the full rows' statistics
             (after a small one that checks the ranks' arguments agree).
   backward  local: each rank writes the gradient of its own slice from the full log-sum-exp (the lossfuse backward
             kernel, one more read of the slice), with no communication.

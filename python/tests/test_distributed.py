@@ -351,6 +351,11 @@ def case_linear(rank, world):
     linear_case(rank, world, torch.float32, dict(ignore_index=7), edit=lambda x, w, b, t: t.fill_(7))  # all ignored
     linear_case(rank, world, torch.float32, dict(), lead=(0,))  # no rows
     linear_case(rank, world, torch.float32, dict(), lead=())  # unbatched: input (H), target ()
+    # logits at a large common offset: x = 0 and b = 2^20 + b, so every row's logits are b exactly (float32 rounds
+    # x W^T + b itself, torch's too); the whole lse in float64 keeps the gradients' precision (db, dx = G W)
+    for kw in (dict(reduction="none"), dict(reduction="mean", label_smoothing=0.1)):
+        linear_case(rank, world, torch.float32, kw, chunk_rows=4, upstream=upstream_rows if kw["reduction"] == "none"
+                    else (lambda l: torch.ones_like(l)), edit=lambda x, w, b, t: (x.zero_(), b.add_(2.0 ** 20)))
     linear_autocast_case(rank, world)
     import lossfuse.distributed as D  # 16-bit weights converted to float32 a few classes at a time
     saved, D._CLASS_BLOCK = D._CLASS_BLOCK, 8

@@ -213,6 +213,14 @@ SplitLse<Acc> split_lse(double lse) {
   return {hi, std::isfinite(hi) ? static_cast<Acc>(std::exp(-(lse - static_cast<double>(hi)))) : Acc(1)};
 }
 
+// The gradient filter's test (math::grad_filter_keeps) against the whole lse: the tile's largest probability is
+// exp(tile max - hi) exp(-(lse - hi)). With hi alone a tile whose largest probability is at or above the threshold
+// could be dropped (float32 at 2^20: hi is off by up to 1/16).
+template <class Acc>
+bool filter_keeps(Acc tile_max, const SplitLse<Acc>& lse, Acc threshold) {
+  return !(std::exp(tile_max - lse.hi) * lse.exp_neg_lo < threshold);
+}
+
 template <class Acc>
 class Runner {
  public:
@@ -468,7 +476,7 @@ class Runner {
           live_[i] = std::isnan(lse[i]) ? 1 : 0;
           continue;
         }
-        const bool keep = !filter || math::grad_filter_keeps(row_max_[i], lse[i], filter_);
+        const bool keep = !filter || filter_keeps(row_max_[i], sl, filter_);
         const math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse[i], wy_[i], g[i], keep);
         row_qa_[i] = k.qa * sl.exp_neg_lo, row_wb_[i] = k.wb, row_ty_[i] = k.ty;
         live_[i] = keep || rp_.eps_over_c != Acc(0) || (y >= v0 && y < v0 + vn) ? 1 : 0;
@@ -550,7 +558,7 @@ class Runner {
       z[j] = v;
       m = v > m ? v : m;
     }
-    const bool keep = math::grad_filter_keeps(m, lse, filter_);
+    const bool keep = filter_keeps(m, sl, filter_);
     math::CeGradCoefs<Acc> k = math::ce_index_grad_coefs(rp_, lse, wy_[i], g, keep);
     k.qa *= sl.exp_neg_lo;
     const Acc* w = wc_.data() + v0;

@@ -346,7 +346,8 @@ TEST(LinearCeEdge, TileMajorBackwardWithStridedWeightGrad) {
 // gradient, and a way-2 backward given the float64 lse the forward wrote does the same: the gradients made from an
 // lse (way 2 untiled and tiled, and the tiled way 1) keep the precision of the logits' differences. x is the
 // identity and W the logits' transpose, so x W^T is the logits exactly and dW = G^T is the logits' gradient G.
-// Reduction none with an upstream gradient per row (way 2), or sum (way 1). Reference: long double, offset-free.
+// Reduction none with an upstream gradient per row (way 2), or sum (way 1); tiled, dW also as a strided (transposed)
+// view, which takes the tile-major backward with a dW accumulator. Reference: long double, offset-free.
 TEST(LinearCeEdge, LargeCommonOffsetKeepsGradientPrecision) {
   const std::int64_t N = 4, V = 300;
   const double u = 0x1p-24, step = 0.125;
@@ -368,17 +369,18 @@ TEST(LinearCeEdge, LargeCommonOffsetKeepsGradientPrecision) {
     }
     const std::vector<double> upstream = {0.5, 1.0, 2.0, 0.25};
     for (const std::int64_t tile : {std::int64_t{0}, std::int64_t{64}}) {
-      for (const bool fused : {false, true}) {
-        if (fused && tile == 0) continue;  // untiled way 1: the fused cross-entropy kernel, tested with it
+      for (const int mode : {0, 1, 2}) {  // forward+backward, forward-with-grads, forward+backward into strided dW
+        const bool fused = mode == 1;
+        if (tile == 0 && mode != 0) continue;  // untiled way 1: the fused cross-entropy kernel, tested with it
         SCOPED_TRACE("offset " + std::to_string(offset) + " tile " + std::to_string(tile) +
-                     (fused ? " forward-with-grads" : " forward+backward"));
+                     (fused ? " forward-with-grads" : " forward+backward") + (mode == 2 ? " strided dW" : ""));
         LinearCrossEntropyOptions o;
         o.vocab_tile = tile;
         o.chunk_rows = 3;
         o.ce.reduction = fused ? Reduction::sum : Reduction::none;
         Tensor loss = Tensor::make(DType::f32, fused ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{N});
         Tensor lse = Tensor::make(DType::f64, {N});
-        Tensor gw = Tensor::make(DType::f32, {V, N});
+        Tensor gw = Tensor::make(DType::f32, {V, N}, mode == 2 ? Layout::transposed : Layout::contiguous);
         const LinearCrossEntropyGrads g{std::nullopt, gw.view, std::nullopt};
         const CrossEntropyOutputs out{loss.view, lse.view, std::nullopt};
         if (fused) {
@@ -423,6 +425,40 @@ bool counting_hook(const lossfuse::GemmCall& call, void*) {
 bool declining_hook(const lossfuse::GemmCall&, void*) { return false; }
 
 bool same_bits(const Tensor& a, const Tensor& b) { return a.storage == b.storage; }
+
+// The filter compares a tile's largest probability with the threshold from the whole lse: two tied logits at a
+// large common offset (q = 1/2 each, tiles of one class, threshold 0.49) keep both tiles. Tested against the lse
+// rounded to float32 alone (at 2^20, 2^20 + log 2 rounds to 2^20 + 0.75 and exp(-0.75) = 0.47), both were dropped
+// and the gradient was (-1, 0). float32 and bfloat16 operands (the latter tile-major, with a dW accumulator), both
+// ways; x = 1 and W = the logits, so dW is the logits' gradient.
+TEST(LinearCeFilter, LargeCommonOffsetKeepsTilesAtTheThreshold) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const double offset : {1048576.0, -2097152.0}) {
+      for (const bool fused : {true, false}) {
+        SCOPED_TRACE(nm(dt) + " offset " + std::to_string(offset) + (fused ? " forward-with-grads" : " backward"));
+        Tensor x = Tensor::make(dt, {1, 1}), w = Tensor::make(dt, {2, 1}), t = Tensor::make(DType::i64, {1});
+        x.set(0, 1.0), w.set(0, offset), w.set(1, offset), t.set_int(0, 0);
+        LinearCrossEntropyOptions o;
+        o.vocab_tile = 1, o.grad_filter = 0.49, o.ce.reduction = Reduction::sum;
+        Tensor loss = Tensor::make(DType::f32, {}), lse = Tensor::make(DType::f32, {1});
+        Tensor gw = Tensor::make(dt, {2, 1});
+        const LinearCrossEntropyGrads g{std::nullopt, gw.view, std::nullopt};
+        const CrossEntropyOutputs out{loss.view, lse.view, std::nullopt};
+        if (fused) {
+          lossfuse::linear_cross_entropy_forward(x.view, w.view, std::nullopt, t.view, o, out, g);
+        } else {
+          Tensor lse64 = Tensor::make(DType::f64, {1});
+          lossfuse::linear_cross_entropy_forward(x.view, w.view, std::nullopt, t.view, o,
+                                                 CrossEntropyOutputs{loss.view, lse64.view, std::nullopt});
+          lossfuse::linear_cross_entropy_backward(x.view, w.view, std::nullopt, t.view, lse64.view, std::nullopt, o,
+                                                  g);
+        }
+        EXPECT_NEAR(gw.get(0), -0.5, 1e-6);
+        EXPECT_NEAR(gw.get(1), 0.5, 1e-6);
+      }
+    }
+  }
+}
 
 // A threshold below every tile's largest probability drops nothing: bit for bit the unfiltered result.
 TEST(LinearCeFilter, ThresholdThatDropsNothingEqualsUnfilteredExactly) {
