@@ -90,7 +90,8 @@ void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, cons
                                   const TensorView& target, const LinearCrossEntropyOptions& options,
                                   const CrossEntropyOutputs& outputs, const LinearCrossEntropyGrads& grads = {});
 
-// Way 2. lse: (N), as the forward wrote it (float64, or the accumulation dtype). grad_loss: the loss's shape (absent: 1). Gradients are overwritten.
+// Way 2. lse: (N), as the forward wrote it (float64, or the accumulation dtype). grad_loss: the loss's shape
+// (absent: 1). Gradients are overwritten.
 void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
                                    const TensorView& target, const TensorView& lse,
                                    const std::optional<TensorView>& grad_loss, const LinearCrossEntropyOptions& options,

@@ -828,8 +828,9 @@ void backward(const Problem& p, const TensorView& x, const TensorView& w, const 
   std::vector<double> lse(static_cast<std::size_t>(p.N));
   std::vector<Acc> scale(lse.size());
   for (std::int64_t r = 0; r < p.N; ++r) {
-    lse[r] = lse_in.dtype == DType::f64 ? static_cast<const double*>(lse_in.data)[r * lse_in.strides[0]]
-                                        : static_cast<double>(static_cast<const Acc*>(lse_in.data)[r * lse_in.strides[0]]);
+    const std::int64_t at = r * lse_in.strides[0];
+    lse[r] = lse_in.dtype == DType::f64 ? static_cast<const double*>(lse_in.data)[at]
+                                        : static_cast<double>(static_cast<const Acc*>(lse_in.data)[at]);
   }
   const Acc* gl = grad_loss ? static_cast<const Acc*>(grad_loss->data) : nullptr;
   if (o.ce.reduction == Reduction::none) {
