@@ -4,7 +4,7 @@
 //   strides. Computed in float64 for float64 input, else in float32 (16-bit inputs are widened exactly).
 // targets: any integer dtype, read as stored. Padded (N, S): sample b's labels are targets[b, 0:tl_b]
 //   (entries past tl_b are ignored). Concatenated (sum tl_b): sample b's labels follow sample b-1's.
-//   Unbatched: (S), padded. Every used label is in [0, C) and differs from blank.
+//   Unbatched: (S) or (1, S), padded. Every used label is in [0, C) and differs from blank.
 // input_lengths, target_lengths: (N) (unbatched: one element, 0-d or (1)), any integer dtype and strides;
 //   0 <= il_b <= T, 0 <= tl_b (<= S when padded; the sum equals the length of concatenated targets).
 //

@@ -29,6 +29,37 @@ def finite(v):
     return v == v and -math.inf < v < math.inf
 
 
+def torch_label_smoothing(v):
+    """label_smoothing as torch's kernels take it: they check only label_smoothing <= 1 (not failing for NaN) and
+    smooth only above 0, so a negative or NaN value means none. A symbolic float (torch.compile(dynamic=True)) is
+    passed on as it is."""
+    if isinstance(v, torch.SymFloat):
+        return v
+    return v if float(v) > 0 else 0.0
+
+
+def check_class_weight_dtype(name, weight, input):
+    """torch's rule for class-index targets: the class weights have the logits' dtype (it raises 'expected scalar
+    type Float but found Double'); under autocast 16-bit ones are cast to float32 first. Probability targets
+    promote."""
+    def seen(t):
+        return torch.float32 if autocasts(t) else t.dtype
+
+    if weight is not None and seen(weight) != seen(input):
+        raise ArgumentError(f"lossfuse: {name}: weight: expected dtype {input.dtype} (the input's), got "
+                            f"{weight.dtype}")
+
+
+def sign_target(target, dtype):
+    """A +-1 target as the kernels read it (they test t == 1 and t == -1 in the computation dtype): targets of that
+    dtype and signed integers as they are; others (bool, uint8, another float dtype) as int8 1 / -1 / 0 from
+    torch's own comparisons `target == 1` and `target == -1` in the target's dtype (a uint8 255 is -1, and a float64
+    1 + 1e-12 is no 1, as in torch; cast first, it would round to 1)."""
+    if target.dtype == dtype or target.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        return target
+    return (target == 1).to(torch.int8) - (target == -1).to(torch.int8)
+
+
 def infinite(v):
     """math.isinf(v) by comparisons (see finite)."""
     return v == math.inf or v == -math.inf

@@ -4,9 +4,10 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (acc_dtype, ArgumentError, lse_dtype, as_argument_error, autocast_float32, autocasts,
-                      check_optional_tensors, check_tensors, class_target_mean, differentiable_grads, eager_scalar,
-                      forward_ad_active, graph_needed, in_acc_dtype, is_eager, new_grad, new_loss, ops, _plain_eager,
-                      reduction_code, register_autograd, upstream_not_finite)
+                      check_class_weight_dtype, check_optional_tensors, check_tensors, class_target_mean,
+                      differentiable_grads, eager_scalar, forward_ad_active, graph_needed, in_acc_dtype, is_eager,
+                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd, torch_label_smoothing,
+                      upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -260,8 +261,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     When the logits need a gradient and the reduction is 'mean' or 'sum', the gradient is written during the
     forward pass (one read of the logits for the whole training step) and kept until backward.
     """
-    if not isinstance(label_smoothing, torch.SymFloat) and float(label_smoothing) < 0:
-        label_smoothing = 0.0  # torch checks only label_smoothing <= 1 and smooths only above 0 (NaN still raises)
+    label_smoothing = torch_label_smoothing(label_smoothing)
     red = _TRAINING_REDUCTIONS.get(reduction) if type(reduction) is str else None
     if (red is not None and not inplace and type(input) is _Tensor and type(target) is _Tensor and weight is None
             and size_average is None and reduce is None and not return_lse and not return_z_loss
@@ -278,6 +278,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
     soft = target.is_floating_point()
+    if not soft:
+        check_class_weight_dtype("cross_entropy_loss", weight, input)
     loss_dtype = _autocast_class_target_logits(input, soft)
     if loss_dtype is None:
         input, target, weight = autocast_float32(input, target, weight)
@@ -400,6 +402,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     check_optional_tensors("nll_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("nll_loss", input, target)
+    check_class_weight_dtype("nll_loss", weight, input)
     loss_dtype = _autocast_class_target_logits(input, False) or input.dtype
     (weight,) = autocast_float32(weight)
     _weight_needs_grad("nll_loss", weight, False)

@@ -110,6 +110,8 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
     backward.
     """
     red = reduction_code(reduction)
+    if not log_probs.is_floating_point():  # torch's type for a dtype its kernel lacks
+        raise NotImplementedError(f"ctc_loss: log_probs: expected a floating dtype, got {log_probs.dtype}")
     (log_probs,) = autocast_float32(log_probs)
     if targets.is_floating_point() or targets.dtype == torch.bool:
         targets = targets.long()

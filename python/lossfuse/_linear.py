@@ -5,9 +5,9 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, class_target_mean, differentiable_grads,
-                      graph_needed, in_acc_dtype, is_eager, lse_dtype, new_grad, ops, reduction_code,
-                      register_autograd, upstream_not_finite)
+from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, check_class_weight_dtype,
+                      class_target_mean, differentiable_grads, graph_needed, in_acc_dtype, is_eager, lse_dtype,
+                      new_grad, ops, reduction_code, register_autograd, torch_label_smoothing, upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -170,6 +170,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     """
     del options
     red = reduction_code(reduction)
+    label_smoothing = torch_label_smoothing(label_smoothing)
     # torch.autocast: torch's linear runs in the autocast dtype and its cross-entropy in float32, which is the loss's
     autocasting, (input, linear_weight, linear_bias) = autocast_lower(input, linear_weight, linear_bias)
     if autocasting:
@@ -210,11 +211,13 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
                              logit_scale=logit_scale, return_lse=return_lse)
     if strategy not in ("auto", "chunked", "recompute"):
         raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
+    check_class_weight_dtype("linear_cross_entropy", weight, input)  # as torch's cross_entropy of the logits
     lead = input.shape[:-1]
     x = input.reshape(lead.numel(), input.shape[-1])
     t = target.reshape(lead.numel())
     if x.stride(-1) != 1:
-        x = x.contiguous()
+        # an empty tensor counts as contiguous whatever its strides: the clone gets the plain ones
+        x = x.contiguous() if x.numel() else x.clone(memory_format=torch.contiguous_format)
     w = linear_weight if linear_weight.stride(-1) == 1 else linear_weight.contiguous()
     grad_on = torch.is_grad_enabled()
     wants = [grad_on and input.requires_grad, grad_on and linear_weight.requires_grad,

@@ -18,7 +18,8 @@ import torch
 import torch.nn as _tnn
 
 from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
-                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd)
+                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd,
+                      sign_target)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -56,11 +57,13 @@ def _multi_margin_formula(x, target, weight, p, margin, reduction):
     y = target.reshape(-1).long()
     C = rows.shape[1]
     z = _hinge(margin - rows.gather(1, y.unsqueeze(1)) + rows)
+    # the target's own term masked before anything multiplies it: with an infinite margin it is inf, and z * z
+    # after the mask would send 0 * inf = NaN into x_y's gradient
+    z = z.masked_fill(torch.arange(C, device=x.device) == y.unsqueeze(1), 0)
     if p == 2:
         z = z * z
     if weight is not None:
         z = z * weight.to(z.dtype)[y].unsqueeze(1)
-    z = z.masked_fill(torch.arange(C, device=x.device) == y.unsqueeze(1), 0)
     return _reduce((z.sum(1) / C).reshape(target.shape), reduction)
 
 
@@ -301,15 +304,6 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     return _finish(_ops.triplet_margin_loss(a, pos, neg, margin, p, eps, swap, red), rows, red, dtype)
 
 
-def _cosine_target(target, dtype):
-    """The target as the kernels read it: integer targets and targets of the inputs' dtype as they are; others
-    (bool, uint8, another float dtype) as int8 1 / -1 / 0 from torch's own comparisons `target == 1` and
-    `target == -1` (so a uint8 255 is -1, and a float64 1 + 1e-12 is no 1, as in torch)."""
-    if target.dtype == dtype or target.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
-        return target
-    return (target == 1).to(torch.int8) - (target == -1).to(torch.int8)
-
-
 def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.cosine_embedding_loss: 1 - cos(x1, x2) where target == 1, max(0, cos - margin) where
     target == -1, 0 elsewhere; (N, D) inputs with a (N) target or (D) inputs with a 0-d one, broadcast. No gradient
@@ -330,7 +324,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     # torch broadcasts x1 with x2, then the per-row result with the target.
     rows = torch.broadcast_shapes(input1.shape[:-1], input2.shape[:-1], target.shape)
     shape = rows + torch.broadcast_shapes(input1.shape[-1:], input2.shape[-1:])
-    t = _cosine_target(target.detach(), dtype).expand(rows)
+    t = sign_target(target.detach(), dtype).expand(rows)
     # torch sums each squared norm over its own input's last dim: where x1's and x2's last dims differ (one is 1),
     # expanding it would count that input's norm repeatedly.
     if dtype not in _KERNEL_DTYPES or not finite(margin) or input1.shape[-1:] != input2.shape[-1:]:

@@ -16,7 +16,7 @@ import torch.nn as _tnn
 
 from ._common import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors,
                       differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
-                      reduction_code, register_autograd)
+                      reduction_code, register_autograd, sign_target)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -352,6 +352,8 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     direct = weight is None and autocast_reads_16bit(input, target)
     if weight is None and not direct:
         input, target = autocast_float32(input, target)
+    if weight is not None and not torch.promote_types(input.dtype, target.dtype).is_floating_point:
+        return _composed_loss(torch.square, input, target, weight, red)  # torch's composition takes integers
     dtype = _floating_result_type("mse_loss", input, target)
     return _weighted_loss("mse_loss", dtype, input, target, weight, red, (), True,
                           out_dtype=torch.float32 if direct else None)
@@ -365,22 +367,27 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     direct = weight is None and autocast_reads_16bit(input, target)  # as mse_loss
     if weight is None and not direct:
         input, target = autocast_float32(input, target)
-    if input.dtype == torch.bool or target.dtype == torch.bool:
-        raise RuntimeError(f"l1_loss: input and target: subtraction with a bool tensor is not supported, got "
-                           f"{input.dtype} and {target.dtype}")
+    _check_no_bool("l1_loss", input, target)
     if not torch.promote_types(input.dtype, target.dtype).is_floating_point:
-        return _composed_l1_loss(input, target, weight, red)
+        return _composed_loss(torch.abs, input, target, weight, red)
     dtype = _floating_result_type("l1_loss", input, target)
     return _weighted_loss("l1_loss", dtype, input, target, weight, red, (), True,
                           out_dtype=torch.float32 if direct else None)
 
 
-def _composed_l1_loss(input, target, weight, red):
-    """l1_loss of integer tensors, which torch computes exactly in integers (its 'mean' raises), or of complex ones
-    (|input - target| is real; autograd differentiates the complex operands): torch's own composition, there being
-    nothing for a real floating kernel to do."""
+def _check_no_bool(name, input, target):
+    """torch's NotImplementedError for input - target with a bool operand."""
+    if input.dtype == torch.bool or target.dtype == torch.bool:
+        raise NotImplementedError(f"{name}: input and target: subtraction with a bool tensor is not supported, got "
+                                  f"{input.dtype} and {target.dtype}")
+
+
+def _composed_loss(f, input, target, weight, red):
+    """l1_loss (f = abs) of integer tensors, which torch computes exactly in integers (its 'mean' raises), or of
+    complex ones (|input - target| is real; autograd differentiates the complex operands), and weighted mse_loss
+    (f = square) of integer ones: torch's own composition, there being nothing for a real floating kernel to do."""
     x, t = torch.broadcast_tensors(input, target)
-    d = torch.abs(x - t)
+    d = f(x - t)
     if weight is not None:
         _check_weight(weight, input)
         d = d * weight
@@ -394,6 +401,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     _warn_if_sizes_differ(input, target)
     red = reduction_code(reduction, size_average, reduce)
     beta = float(beta)
+    if beta == 0:  # torch's smooth_l1_loss is l1_loss there
+        _check_no_bool("smooth_l1_loss", input, target)
     direct = not infinite(beta) and autocast_reads_16bit(input, target)  # as mse_loss
     if not direct:
         input, target = autocast_float32(input, target)
@@ -418,6 +427,12 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     direct = weight is None and not infinite(delta) and autocast_reads_16bit(input, target)  # as mse_loss
     if not direct:
         input, target, weight = autocast_float32(input, target, weight)
+    # torch's kernel writes the input's dtype: a floating result cannot be cast to an integer input, nor a complex
+    # one to a real input (torch.can_cast, which Dynamo cannot trace)
+    if (target.dtype.is_complex and not input.dtype.is_complex) or (
+            target.dtype.is_floating_point and not (input.dtype.is_floating_point or input.dtype.is_complex)):
+        raise RuntimeError(f"huber_loss: result type {torch.promote_types(input.dtype, target.dtype)} can't be cast "
+                           f"to the desired output type {input.dtype} (the input's)")
     dtype = _floating_input_type("huber_loss", input)
     if not delta > 0:
         raise RuntimeError(f"huber_loss does not support non-positive values for delta (delta = {delta}).")
@@ -455,7 +470,8 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     batchmean = reduction == "batchmean"
     input, target = autocast_float32(input, target)
     if not (input.dtype.is_floating_point and target.dtype.is_floating_point):
-        raise RuntimeError(f"kl_div: Integral inputs not supported (input: {input.dtype}, target: {target.dtype}).")
+        kind = "Complex" if input.is_complex() or target.is_complex() else "Integral"
+        raise RuntimeError(f"kl_div: {kind} inputs not supported (input: {input.dtype}, target: {target.dtype}).")
     dtype = _result_type(input, target)
     x, t = _prepare((input, target), dtype)
     # The kernels' batchmean divides by the operands' size(0); torch's by the input's, which differs where the
@@ -476,7 +492,8 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     input, target = autocast_float32(input, target)
     dtype = _floating_input_type("hinge_embedding_loss", input)
     margin = float(margin)
-    x, t = _prepare((input, target.detach()), dtype)
+    # torch compares the target with 1 and -1 in its own dtype (a float64 1 + 1e-12 is no 1 for float32 input)
+    x, t = _prepare((input, sign_target(target.detach(), dtype)), dtype)
     if not finite(margin):  # the kernels take finite margins
         return _hinge_formula(x, t, margin, red)
     (x, t), shape = _fit_dims([x, t])
@@ -492,10 +509,19 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
             f"margin_ranking_loss : All input tensors should have same dimension but got sizes: "
             f"input1: {input1.size()}, input2: {input2.size()}, target: {target.size()} "
         )
+    if torch.bool in (input1.dtype, input2.dtype):
+        raise NotImplementedError("margin_ranking_loss: input1 and input2: torch computes input1 - input2, a "
+                                  "subtraction, which it does not support for bool")
+    if target.dtype == torch.bool:
+        raise NotImplementedError("margin_ranking_loss: target: torch computes -target, a negation, which it does not "
+                                  "support for bool")
     input1, input2, target = autocast_float32(input1, input2, target)
     dtype = _result_type(input1, input2, target)
     if not dtype.is_floating_point:  # torch adds the (float) margin: integer operands give the default dtype
         dtype = torch.get_default_dtype()
+    if not target.is_floating_point():
+        # torch negates an integer target in its own dtype, wrapping (a uint8 1 gives 255): the same multiplier
+        target = -((-target).to(dtype))
     margin = float(margin)
     x1, x2, t = _prepare((input1, input2, target), dtype)
     if not finite(margin):  # the kernels take finite margins

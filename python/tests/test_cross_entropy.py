@@ -154,7 +154,7 @@ def test_target_weights_summing_to_zero(eps, reduction):
     w = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
     kw = dict(weight=w, label_smoothing=eps, reduction=reduction)
     check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kw, dtype=torch.float64)
-    check_against_torch(LF.cross_entropy, F.cross_entropy, [x.float(), t], kw)
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x.float(), t], dict(kw, weight=w.float()))
     # forward mode differentiates the loss's composition, which divides by term too
     v = torch.ones_like(x)
     ours = torch.func.jvp(lambda a: LF.cross_entropy(a, t, **kw), (x,), (v,))
@@ -1099,11 +1099,32 @@ def test_probability_targets_with_wider_class_weights_promote(dtype, weight_dtyp
     assert g.dtype == dtype
 
 
+@pytest.mark.parametrize("name", ["cross_entropy", "nll_loss"])
+def test_class_weights_of_another_dtype_raise_as_torch(name):
+    """For class-index targets torch requires class weights of the input's dtype ('expected scalar type Float but
+    found Double'); under autocast it casts 16-bit ones to float32 first, so a float32 weight is right there."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 5, generator=gen).log_softmax(1)
+    t = torch.tensor([0, 4, 2, 1])
+    for xd, wd in [(torch.float32, torch.float64), (torch.bfloat16, torch.float32), (torch.float64, torch.bfloat16)]:
+        w = torch.rand(5, generator=gen, dtype=wd) + 0.5
+        with pytest.raises(RuntimeError):
+            getattr(F, name)(x.to(xd), t, w)
+        with pytest.raises(RuntimeError, match=f"{name}.*weight: expected dtype {xd}"):
+            getattr(LF, name)(x.to(xd), t, w)
+    w = torch.rand(5, generator=gen) + 0.5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = getattr(F, name)(x.bfloat16(), t, w)
+        got = getattr(LF, name)(x.bfloat16(), t, w)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("soft", [False, True], ids=["indices", "probabilities"])
-@pytest.mark.parametrize("label_smoothing", [-0.1, -1, -5.0, "numpy", "tensor"])
+@pytest.mark.parametrize("label_smoothing", [-0.1, -1, -5.0, math.nan, "numpy", "tensor"])
 def test_negative_label_smoothing_is_no_smoothing(soft, label_smoothing):
-    """torch checks only label_smoothing <= 1 and smooths only above 0: a negative value is no smoothing (also given
-    as a numpy scalar or a 0-d tensor)."""
+    """torch checks only label_smoothing <= 1 (which NaN passes) and smooths only above 0: a negative or NaN value is
+    no smoothing (also given as a numpy scalar or a 0-d tensor)."""
     if label_smoothing == "numpy":
         label_smoothing = pytest.importorskip("numpy").float32(-0.1)
     elif label_smoothing == "tensor":

@@ -190,6 +190,32 @@ def test_unbatched_padded_targets(reduction):
     assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(ref, lp)[0], 1e-12, 1e-12, "grad")
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_unbatched_targets_of_one_padded_row(reduction):
+    # torch unsqueezes only unbatched log_probs, so its one sample's targets may also be padded (1, S)
+    lp = torch.randn(9, 5, dtype=torch.float64).log_softmax(1).requires_grad_()
+    for padded, tl in [(torch.tensor([[3, 1, 4]]), 3), (torch.tensor([[3, 1, 4, 4]], dtype=torch.int16), 2)]:
+        ours = LF.ctc_loss(lp, padded, torch.tensor(9), torch.tensor(tl), reduction=reduction)
+        ref = F.ctc_loss(lp, padded, torch.tensor(9), torch.tensor(tl), reduction=reduction)
+        assert ours.shape == ref.shape == ()
+        assert_close(ours, ref, 1e-12, 1e-12, "loss")
+        assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(ref, lp)[0], 1e-12, 1e-12, "grad")
+    with pytest.raises(IndexError, match=r"got 7 at position \[0, 1\]"):
+        LF.ctc_loss(lp, torch.tensor([[3, 7, 4]]), torch.tensor(9), torch.tensor(3), reduction=reduction)
+    with pytest.raises(RuntimeError):
+        F.ctc_loss(lp, torch.tensor([[3, 1], [4, 1]]), torch.tensor(9), torch.tensor(2), reduction=reduction)
+    with pytest.raises(RuntimeError, match=r"targets: expected \(S\) or \(1, S\) for unbatched"):
+        LF.ctc_loss(lp, torch.tensor([[3, 1], [4, 1]]), torch.tensor(9), torch.tensor(2), reduction=reduction)
+
+
+def test_integer_log_probs_raise_not_implemented():
+    lp, targets = torch.zeros(8, 2, 5, dtype=torch.long), torch.tensor([[1, 2], [1, 2]])
+    with pytest.raises(NotImplementedError):
+        F.ctc_loss(lp, targets, [8, 8], [2, 2])
+    with pytest.raises(NotImplementedError, match="ctc_loss: log_probs: expected a floating dtype"):
+        LF.ctc_loss(lp, targets, [8, 8], [2, 2])
+
+
 def test_signatures_are_torchs():
     assert inspect.signature(LF.ctc_loss) == inspect.signature(F.ctc_loss)
     assert inspect.signature(lossfuse.nn.CTCLoss) == inspect.signature(torch.nn.CTCLoss)

@@ -3,6 +3,7 @@ linear_cross_entropy: values and gradients of x, W and b for every option, both 
 divide the batch, upstream gradients that are not 1; gradcheck, opcheck, torch.compile, errors."""
 
 import contextlib
+import math
 import zlib
 
 import pytest
@@ -98,6 +99,8 @@ def test_options(reduction, opts, bias):
     if opts.get("weight") == "w":
         opts = dict(opts, weight=torch.rand(203, dtype=torch.float64) + 0.3)
     compare(torch.float64, reduction, "auto", 6, bias=bias, **opts)
+    if "weight" in opts:  # class weights of the logits' dtype, as torch requires
+        opts = dict(opts, weight=opts["weight"].float())
     compare(torch.float32, reduction, "recompute", 0, bias=bias, **opts)
 
 
@@ -334,3 +337,32 @@ def test_no_features(reduction):
     g = torch.ones_like(theirs)
     for a, c in zip(torch.autograd.grad(ours, leaves, g), torch.autograd.grad(theirs, leaves, g)):
         torch.testing.assert_close(a, c)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_empty_batch_with_strided_hidden_states(reduction):
+    # an empty tensor counts as contiguous whatever its strides, so .contiguous() leaves a stride of 2 (or 0) along H
+    w = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.long)
+    for x in [torch.zeros(0, 16, dtype=torch.float64)[:, ::2], torch.zeros(0, 1, dtype=torch.float64).expand(0, 8)]:
+        x = x.requires_grad_()
+        ours = LF.linear_cross_entropy(x, w, t, reduction=reduction)
+        theirs = torch_linear_ce(x, w, t, reduction=reduction)
+        torch.testing.assert_close(ours, theirs, equal_nan=True)
+        for a, c in zip(torch.autograd.grad(ours.sum(), (x, w)), torch.autograd.grad(theirs.sum(), (x, w))):
+            assert a.shape == c.shape
+            torch.testing.assert_close(a, c)
+
+
+def test_label_smoothing_and_class_weights_as_torch():
+    # torch smooths only above 0 (a negative or NaN value is none) and wants class weights of the logits' dtype
+    x, w, b, t = make(6, 4, 9, torch.float32, seed=11)
+    for ls in [-0.5, math.nan]:
+        ours = LF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=ls)
+        torch.testing.assert_close(ours, torch_linear_ce(x, w, t, linear_bias=b, label_smoothing=ls))
+        assert torch.equal(ours, LF.linear_cross_entropy(x, w, t, linear_bias=b))
+    cw = torch.rand(9, dtype=torch.float64) + 0.5
+    with pytest.raises(RuntimeError):
+        torch_linear_ce(x, w, t, weight=cw)
+    with pytest.raises(RuntimeError, match="linear_cross_entropy: weight: expected dtype torch.float32"):
+        LF.linear_cross_entropy(x, w, t, weight=cw)

@@ -468,8 +468,10 @@ def test_hyperparameters_the_kernels_do_not_take():
     for margin in [float("inf"), -float("inf")]:
         check_against_torch("cosine_embedding_loss", [a, p, y], dict(reduction="none", margin=margin), (0, 1),
                             torch.float32)
-        check_against_torch("multi_margin_loss", [a, torch.tensor([0, 4, 2, 1])],
-                            dict(reduction="none", margin=margin), (0,), torch.float32)
+        for kw in [dict(), dict(p=2), dict(p=2, weight=torch.rand(5) + 0.5)]:
+            # p=2: the target's own term (inf at an infinite margin) must not reach x_y's gradient as 0 * inf
+            check_against_torch("multi_margin_loss", [a, torch.tensor([0, 4, 2, 1])],
+                                dict(reduction="none", margin=margin, **kw), (0,), torch.float32)
 
 
 def test_complex_triplet_falls_back_to_torch():

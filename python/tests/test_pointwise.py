@@ -352,6 +352,29 @@ def test_hinge_target_dtypes(tdtype):
         check_against_torch("hinge_embedding_loss", {}, reduction, [x, t], torch.float32)
 
 
+@pytest.mark.parametrize("margin", [0.7, math.inf], ids=str)
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16], ids=str)
+def test_hinge_target_compared_in_its_own_dtype(xdtype, margin):
+    """torch tests target == 1 and target == -1 in the target's dtype: a float64 1 + 1e-12 (or a float32 1.001 for
+    16-bit input) is no 1 although it rounds to 1 in the input's dtype, and a uint8 255 is -1."""
+    x = torch.tensor([0.3, -0.2, 0.5, 0.1], dtype=xdtype, requires_grad=True)
+    targets = [torch.tensor([1 + 1e-12, -1 - 1e-12, 1.0, -1.0], dtype=torch.float64),
+               torch.tensor([1.001, -1.001, 1.0, -1.0], dtype=torch.float32),
+               torch.tensor([1, 255, 0, 1], dtype=torch.uint8), torch.tensor([True, False, True, False])]
+    for t in targets:
+        for reduction in REDUCTIONS:
+            ours = LF.hinge_embedding_loss(x, t, margin=margin, reduction=reduction)
+            ref = F.hinge_embedding_loss(x, t, margin=margin, reduction=reduction)
+            assert ours.dtype == ref.dtype
+            # bfloat16: margin - x rounded once by lossfuse, after torch's bfloat16 steps: an ulp apart at most
+            rtol = 0 if xdtype == torch.float32 else 2.0 ** -7
+            torch.testing.assert_close(ours, ref, rtol=rtol, atol=0, equal_nan=True)
+            if margin == 0.7:
+                g = torch.ones_like(ref)
+                torch.testing.assert_close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(ref, x, g)[0],
+                                           rtol=0, atol=0)
+
+
 def test_hinge_target_gets_no_gradient():
     x = torch.randn(4, requires_grad=True)
     t = torch.tensor([1.0, -1.0, 1.0, -1.0], requires_grad=True)
@@ -437,6 +460,29 @@ def test_margin_ranking_promotion(dtypes):
     worst = max((t.dtype for t in tensors if t.is_floating_point()), key=lambda d: TOL[d], default=torch.float32)
     for reduction in REDUCTIONS:
         check_against_torch("margin_ranking_loss", {"margin": 0.5}, reduction, tensors, worst, diff)
+
+
+@pytest.mark.parametrize("margin", [0.5, math.inf], ids=str)
+def test_margin_ranking_integer_and_bool_targets(margin):
+    """torch negates the target in its own dtype (a uint8 1 becomes 255, an int8 -128 stays -128) and raises
+    NotImplementedError for a bool target or bool inputs, which it cannot negate or subtract."""
+    x1 = torch.tensor([0.3, -0.2, 0.5, 0.1], requires_grad=True)
+    x2 = torch.tensor([0.5, -0.2, 0.3, -0.4])
+    for t in [torch.tensor([1, 255, 0, 2], dtype=torch.uint8), torch.tensor([1, -128, 0, -1], dtype=torch.int8),
+              torch.tensor([1, -1, 0, 3])]:
+        for reduction in REDUCTIONS:
+            ours = LF.margin_ranking_loss(x1, x2, t, margin=margin, reduction=reduction)
+            ref = F.margin_ranking_loss(x1, x2, t, margin=margin, reduction=reduction)
+            torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0, equal_nan=True)
+            if margin == 0.5:
+                g = torch.ones_like(ref)
+                torch.testing.assert_close(torch.autograd.grad(ours, x1, g)[0], torch.autograd.grad(ref, x1, g)[0])
+    for a, b, t in [(x1, x2, torch.tensor([True, False, True, False])), (x1 > 0, x2, torch.ones(4)),
+                    (x1, x2 > 0, torch.ones(4))]:
+        with pytest.raises(NotImplementedError):
+            F.margin_ranking_loss(a, b, t, margin=margin)
+        with pytest.raises(NotImplementedError, match="margin_ranking_loss"):
+            LF.margin_ranking_loss(a, b, t, margin=margin)
 
 
 @pytest.mark.parametrize("name,opts", [("smooth_l1_loss", {"beta": math.inf}), ("huber_loss", {"delta": math.inf}),
@@ -547,12 +593,33 @@ def test_bad_arguments_name_the_argument():
     for name in ["mse_loss", "smooth_l1_loss"]:  # l1_loss of integers is computed as torch's (test_api.py)
         with pytest.raises(NotImplementedError, match="input and target"):
             getattr(LF, name)(x.long(), t.long())
-    for name in ["huber_loss", "hinge_embedding_loss"]:
-        with pytest.raises(NotImplementedError, match="input"):
-            getattr(LF, name)(x.long(), t)
-    with pytest.raises(RuntimeError, match="bool"):
-        LF.l1_loss(x, t > 0)
+    with pytest.raises(NotImplementedError, match="input"):
+        LF.hinge_embedding_loss(x.long(), t)
+    # the exception types torch raises: its huber kernel writes the input's dtype (a float result cannot be cast
+    # to int64, nor a complex one to float32), and it cannot subtract a bool tensor
+    c = torch.randn(x.shape, dtype=torch.complex64)
+    for name, args, kwargs, error, match in [
+            ("huber_loss", (x.long(), t), {}, RuntimeError, "can't be cast"),
+            ("huber_loss", (x, c), {}, RuntimeError, "can't be cast"),
+            ("huber_loss", (x.long(), t.long()), {}, NotImplementedError, "input"),
+            ("l1_loss", (x, t > 0), {}, NotImplementedError, "bool"),
+            ("l1_loss", (x > 0, t > 0), {}, NotImplementedError, "bool"),
+            ("smooth_l1_loss", (x, t > 0), {"beta": 0.0}, NotImplementedError, "bool"),
+            ("kl_div", (x, c), {}, RuntimeError, "Complex")]:
+        with pytest.raises(error):
+            getattr(F, name)(*args, **kwargs)
+        with pytest.raises(error, match=match):
+            getattr(LF, name)(*args, **kwargs)
     torch.testing.assert_close(LF.mse_loss(x, t > 0), F.mse_loss(x, t > 0))  # torch allows it for mse
+    torch.testing.assert_close(LF.smooth_l1_loss(x, t > 0), F.smooth_l1_loss(x, t > 0))  # and for beta > 0
+    # torch's weighted mse_loss is a composition, which takes integer operands (and an integer weight)
+    xi, ti = (x * 3).round().long(), (t * 3).round().long()
+    for w in [torch.rand(x.shape) + 0.5, torch.randint(1, 4, x.shape)]:
+        for reduction in REDUCTIONS:
+            want = F.mse_loss(xi, ti, weight=w, reduction=reduction)
+            got = LF.mse_loss(xi, ti, weight=w, reduction=reduction)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
 
 
 def test_ops_check_their_operands():

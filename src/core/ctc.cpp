@@ -89,11 +89,12 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
                   "shape " + targets.shape_string());
     }
   } else {
-    if (targets.ndim != 1) {
-      throw Error(ErrorCode::shape_mismatch, "targets", "1-D (S) for unbatched log_probs",
+    // torch unsqueezes only log_probs: the targets of its one sample may also come padded as (1, S)
+    if (targets.ndim != 1 && !(targets.ndim == 2 && targets.shape[0] == 1)) {
+      throw Error(ErrorCode::shape_mismatch, "targets", "(S) or (1, S) for unbatched log_probs",
                   "shape " + targets.shape_string());
     }
-    pb.S = targets.shape[0];
+    pb.S = targets.shape[targets.ndim - 1];
   }
 
   pb.il = read_lengths(input_lengths, "input_lengths", pb);
@@ -149,7 +150,7 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
           where.append(str(pb.start[b] + s)).append("] (sample ").append(str(b)).append(", label ");
           where.append(str(s)).append(")");
         } else {
-          if (pb.batched) where.append(str(b)).append(", ");
+          if (targets.ndim == 2) where.append(str(b)).append(", ");
           where.append(str(s)).append("]");
         }
         throw Error(ErrorCode::index_error, "targets",

@@ -34,8 +34,9 @@ struct Case {
   bool zero_infinity = false;
   bool concatenated = false;
   bool unbatched = false;
-  bool strided = false;     // log_probs, grad, targets and lengths in gapped or transposed layouts
-  bool lengths_1d = false;  // unbatched lengths as shape (1) instead of ()
+  bool strided = false;      // log_probs, grad, targets and lengths in gapped or transposed layouts
+  bool lengths_1d = false;   // unbatched lengths as shape (1) instead of ()
+  bool targets_row = false;  // unbatched padded targets as shape (1, S) instead of (S)
   DType tdt = DType::i64, ildt = DType::i64, tldt = DType::i64;
   std::vector<std::int64_t> il;                   // empty: all T
   std::vector<std::vector<std::int64_t>> labels;  // empty: random
@@ -133,7 +134,9 @@ Problem make_problem(const Case& c) {
       for (std::int64_t v : l) p.targets.set_int(pos++, v);
   } else {
     const Layout tlay = c.strided ? (c.unbatched ? Layout::padded : Layout::transposed) : Layout::contiguous;
-    p.targets = c.unbatched ? Tensor::make(c.tdt, {p.S}, tlay) : Tensor::make(c.tdt, {N, p.S}, tlay);
+    const std::vector<std::int64_t> tshape =
+        c.unbatched && !c.targets_row ? std::vector<std::int64_t>{p.S} : std::vector<std::int64_t>{N, p.S};
+    p.targets = Tensor::make(c.tdt, tshape, tlay);
     for (std::int64_t b = 0; b < N; ++b)
       for (std::int64_t s = 0; s < p.S; ++s) {
         const std::int64_t v = s < p.tlv[b] ? p.labels[b][s] : (s % 2 ? c.blank : C + 3);
@@ -411,6 +414,8 @@ TEST(Ctc, UnbatchedStridedAndBlankAnywhere) {
         check_case(c);
         if (unbatched) {
           c.lengths_1d = true, c.concatenated = false;
+          check_case(c);
+          c.targets_row = true;  // torch's unbatched targets may also be one padded row
           check_case(c);
         }
       }
