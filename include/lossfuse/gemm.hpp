@@ -28,7 +28,10 @@ struct GemmCall {
 };
 
 // A hook runs the call and returns true, or returns false for a call it cannot do (the caller then raises
-// ErrorCode::not_implemented). It must not throw.
+// ErrorCode::not_implemented). It must not throw. A decline is not an argument error: the products run as the
+// computation goes, so a hook that declines a later product (a dW product after the dx ones) leaves the gradients
+// computed until then written; the outputs' contents are then unspecified. A hook should decline by the shapes,
+// transposes and dtypes it is given, the same for every call of a loss.
 using GemmHook = bool (*)(const GemmCall& call, void* ctx);
 
 // Replaces the GEMM the fused linear losses use (a host framework installs its own matmul so that no second BLAS

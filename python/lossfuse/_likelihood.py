@@ -275,6 +275,11 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     if target.size() != input.size():
         raise ValueError(f"Target size ({target.size()}) must be the same as input size ({input.size()})")
     name = "binary_cross_entropy_with_logits"
+    if torch._C._are_functorch_transforms_active() and any(
+            t is not None and t.requires_grad for t in (weight, pos_weight)):
+        # torch refuses these gradients in plain autograd but gives them under torch.func (grad, jacrev of the
+        # weights): its own op there
+        return _bce_logits_formula(input, target, weight, pos_weight, red)
     _check_not_requiring_grad(name, "weight", weight)
     _check_not_requiring_grad(name, "pos_weight", pos_weight)
     for arg, t in (("weight", weight), ("pos_weight", pos_weight)):

@@ -95,11 +95,13 @@ class _Elementwise:
         """The operands with the mapped dim first, the per-sample shape, the reduction and its divisor (None for a
         sum); None where the fold does not apply."""
         n = info.batch_size
-        shapes = {_entry_shape(a, d) for a, d in zip(args[self.first:], in_dims[self.first:])
-                  if isinstance(a, torch.Tensor)}
-        if n == 0 or len(shapes) != 1:
+        # compared pairwise, not gathered in a set: under torch.compile(dynamic=True) a shape holds SymInts, which do
+        # not hash
+        shapes = [_entry_shape(a, d) for a, d in zip(args[self.first:], in_dims[self.first:])
+                  if isinstance(a, torch.Tensor)]
+        if n == 0 or not shapes or any(s != shapes[0] for s in shapes[1:]):
             return None
-        shape = shapes.pop()
+        shape = shapes[0]
         if args[self.reduction] not in (0, 1, 2) or len(shape) >= _MAX_DIMS or (
                 self.batchmean is not None and args[self.batchmean] and args[self.reduction] != 1):
             return None  # the op's own error per entry; or samples of kMaxDims dims, one more once folded

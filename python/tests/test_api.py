@@ -50,6 +50,23 @@ def test_modules_subclass_torch(name):
     assert issubclass(cls, getattr(torch.nn, name, torch.nn.modules.loss._WeightedLoss))
 
 
+def test_patch_torch_keeps_forward_mode_of_cross_entropy():
+    """The mean of a smoothed cross-entropy composes torch's nll_loss for its tangent: torch's own, not the patched
+    one (which, called inside that composition's forward-mode level, raised NotImplementedError)."""
+    x = torch.randn(4, 5, dtype=torch.float64)
+    v, y = torch.randn_like(x), torch.tensor([0, 2, 1, 4])
+    crit = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    want = torch.func.jvp(lambda a: crit(a, y), (x,), (v,))
+    lossfuse.patch_torch()
+    try:
+        got = torch.func.jvp(lambda a: crit(a, y), (x,), (v,))
+        got_z = torch.func.jvp(lambda a: LF.cross_entropy(a, y, z_loss_scale=0.0, label_smoothing=0.1), (x,), (v,))
+    finally:
+        lossfuse.unpatch_torch()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_z, want)
+
+
 def test_patch_torch_routes_and_restores():
     original = F.cross_entropy
     try:

@@ -641,6 +641,21 @@ def test_weight_requiring_grad_is_fine_without_grad_mode():
                                    F.binary_cross_entropy_with_logits(x, t, pos_weight=w))
 
 
+@pytest.mark.parametrize("arg", ["weight", "pos_weight"])
+def test_bce_with_logits_weights_differentiated_under_torch_func(arg):
+    """torch refuses a gradient for these in plain autograd but gives one under torch.func; so does lossfuse."""
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    t = torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    w = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
+    for reduction in ["none", "mean", "sum"]:
+        def loss(f):
+            return lambda ww: f.binary_cross_entropy_with_logits(x, t, reduction=reduction, **{arg: ww})
+        torch.testing.assert_close(torch.func.jacrev(loss(LF))(w), torch.func.jacrev(loss(F))(w))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        LF.binary_cross_entropy_with_logits(x, t, **{arg: w.clone().requires_grad_()})
+
+
 def test_ops_check_their_operands():
     """The ops themselves reject what the functions never pass: mismatched shapes or dtypes, and options out of
     range, naming the argument."""

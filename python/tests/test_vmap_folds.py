@@ -310,6 +310,18 @@ def test_functions_under_vmap_and_per_sample_grad_equal_torch(reduction):
             torch.testing.assert_close(ours[k], torch.stack(grads), equal_nan=True, msg=f"{msg} grad of {i}")
 
 
+@pytest.mark.parametrize("name", ["mse_loss", "huber_loss", "binary_cross_entropy_with_logits"])
+def test_elementwise_fold_traces_symbolic_sample_shapes(name):
+    """Under torch.compile(dynamic=True) the per-sample shapes hold SymInts, which do not hash: the fold compares
+    them pairwise (a set of them raised inside the trace)."""
+    torch._dynamo.reset()
+    f = getattr(LF, name)
+    compiled = torch.compile(lambda a, b: torch.func.vmap(f)(a, b), fullgraph=True, dynamic=True)
+    for n in (4, 6):
+        a, b = torch.randn(3, n, 5, dtype=torch.float64), torch.rand(3, n, 5, dtype=torch.float64)
+        torch.testing.assert_close(compiled(a, b), torch.func.vmap(getattr(F, name))(a, b))
+
+
 def test_folds_read_targets_as_the_kernels_do():
     # the kernels compare class indices with ignore_index as 64-bit integers: a uint8 class 156 is not -100, nor is
     # an int32 class 44 the ignore_index 300 (as the mean's divisor and its gradient's rows must agree)

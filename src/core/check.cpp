@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "math/half.hpp"
 
@@ -23,6 +24,12 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, bool& overflow) {
   std::int64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) overflow = true;
   return r;
+}
+
+std::string strides_string(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim; ++i) s.append(i ? ", " : "").append(std::to_string(t.strides[i]));
+  return s + ")";
 }
 
 // Byte range [lo, hi] spanned by a view with elements; false when empty.
@@ -140,6 +147,28 @@ void check_reduced_shape(const TensorView& t, std::string_view name, Reduction r
 
 void check_finite_option(double v, std::string_view name) {
   if (!std::isfinite(v)) throw Error(ErrorCode::invalid_value, std::string(name), "a finite value", std::to_string(v));
+}
+
+void check_no_self_overlap(const TensorView& t, std::string_view name) {
+  if (t.numel() <= 1) return;
+  int dims[kMaxDims];
+  int n = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] > 1) dims[n++] = i;
+  }
+  for (int k = 1; k < n; ++k) {  // insertion sort by stride: at most kMaxDims dims
+    for (int j = k; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j) std::swap(dims[j], dims[j - 1]);
+  }
+  std::int64_t span = 0;  // the largest offset the smaller dims reach (check_view bounds it within int64)
+  for (int k = 0; k < n; ++k) {
+    const int i = dims[k];
+    if (t.strides[i] <= span) {
+      throw Error(ErrorCode::bad_pointer, std::string(name),
+                  "a view whose elements do not share memory (each stride larger than the span of the smaller ones)",
+                  "strides " + strides_string(t) + " for shape " + t.shape_string());
+    }
+    span += t.strides[i] * (t.shape[i] - 1);
+  }
 }
 
 void check_no_overlap(const TensorView& a, std::string_view a_name, const TensorView& b, std::string_view b_name) {

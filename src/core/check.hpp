@@ -31,6 +31,11 @@ void check_finite_option(double v, std::string_view name);
 // Throws when the byte ranges spanned by a and b intersect.
 void check_no_overlap(const TensorView& a, std::string_view a_name, const TensorView& b, std::string_view b_name);
 
+// For a view that is written: throws unless its elements are distinct memory. Checked by the usual sufficient rule:
+// with the dims of size > 1 in increasing stride order, each stride exceeds the span of the smaller ones (a stride
+// of 0, or strides (1, 1), repeat elements; a writer would race on them). Views of no element pass.
+void check_no_self_overlap(const TensorView& t, std::string_view name);
+
 std::string shape_string(const std::int64_t* shape, int ndim);
 
 // Class weights copied into the accumulation type, padded with zeros to a multiple of 64 so SIMD loops

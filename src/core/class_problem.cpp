@@ -62,6 +62,7 @@ void check_grad_output(const TensorView& grad, std::string_view grad_name, const
                   "the " + std::string(input_name) + "' own buffer and strides for GradWrite::in_place",
                   "a different buffer or strides");
     }
+    check_no_self_overlap(grad, grad_name);  // the logits are written: rows sharing memory would race
   } else {
     check_no_overlap(grad, grad_name, input, input_name);
   }
@@ -96,6 +97,7 @@ void check_lse_view(const TensorView& t, const ClassProblem& pb) {
 }
 
 void check_disjoint(const std::vector<NamedView>& written, const std::vector<NamedView>& read) {
+  for (const NamedView& w : written) check_no_self_overlap(*w.view, w.name);
   for (std::size_t i = 0; i < written.size(); ++i) {
     for (std::size_t j = i + 1; j < written.size(); ++j) {
       check_no_overlap(*written[i].view, written[i].name, *written[j].view, written[j].name);

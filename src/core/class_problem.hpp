@@ -42,7 +42,8 @@ void check_lse_view(const TensorView& t, const ClassProblem& pb);
 // Its dtype alone: the accumulation dtype or float64.
 void check_lse_dtype(const TensorView& t, const ClassProblem& pb);
 
-// Every pair of (name, view) in `written` is disjoint, and each is disjoint from every view in `read`.
+// Every pair of (name, view) in `written` is disjoint, each is disjoint from every view in `read`, and no view in
+// `written` repeats an element (check_no_self_overlap).
 struct NamedView {
   std::string_view name;
   const TensorView* view;

@@ -17,7 +17,13 @@ namespace {
 using core::CeMode;
 using core::NamedView;
 
-void check_options(const CrossEntropyOptions& o, bool soft) {
+// A finite double whose float32 rounding is finite and, for a nonzero value, nonzero.
+bool float32_holds(double v) {
+  const auto f = static_cast<float>(v);
+  return std::isfinite(f) && (v == 0.0 || f != 0.0f);
+}
+
+void check_options(const CrossEntropyOptions& o, bool soft, DType acc) {
   if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0)) {
     throw Error(ErrorCode::invalid_value, "label_smoothing", "a value in [0, 1]", std::to_string(o.label_smoothing));
   }
@@ -31,6 +37,22 @@ void check_options(const CrossEntropyOptions& o, bool soft) {
   if (soft && o.ignore_index != -100) {
     throw Error(ErrorCode::invalid_value, "ignore_index", "the default -100 with probability targets",
                 std::to_string(o.ignore_index));
+  }
+  if (acc == DType::f32) {
+    // The kernels take them in the accumulation dtype: softcap also as its inverse.
+    const char* held = "a value that float32 holds (logits other than float64 accumulate in float32)";
+    if (!float32_holds(o.logit_scale)) {
+      throw Error(ErrorCode::invalid_value, "logit_scale", held, std::to_string(o.logit_scale));
+    }
+    if (o.softcap > 0 && !(float32_holds(o.softcap) && float32_holds(1.0 / o.softcap))) {
+      throw Error(ErrorCode::invalid_value, "softcap",
+                  "0 (off) or a value that float32 holds, with its inverse (logits other than float64 accumulate in "
+                  "float32)",
+                  std::to_string(o.softcap));
+    }
+    if (!float32_holds(o.z_loss_scale)) {
+      throw Error(ErrorCode::invalid_value, "z_loss_scale", held, std::to_string(o.z_loss_scale));
+    }
   }
 }
 
@@ -138,7 +160,7 @@ void dispatch(CeMode mode, const TensorView& logits, const TensorView& target, c
               const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
               const TensorView* grad, GradWrite write) {
   const core::ClassProblem pb = core::check_class_problem(logits, "logits", target, o.reduction, true);
-  check_options(o, pb.soft);
+  check_options(o, pb.soft, pb.acc);
   if (write != GradWrite::separate && write != GradWrite::in_place) {
     throw Error(ErrorCode::invalid_value, "write", "GradWrite::separate or GradWrite::in_place",
                 "code " + std::to_string(static_cast<int>(write)));

@@ -138,6 +138,19 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
     for (std::int64_t b = 0; b < pb.N; ++b) pb.offset[b] = pb.batched ? b * targets.strides[0] : 0;
     pb.target_stride = targets.strides[sd];
   }
+  // The alpha table (T x N x L) and the per-sample scratch follow the padded width S (torch's log_alpha has it too):
+  // their byte counts must be representable before anything is sized by them (a stride-0 target view can claim
+  // any S). Bounded in double: only sizes far beyond any memory are refused.
+  {
+    const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+    const double L = 2 * d(pb.S) + 1;
+    const double scratch = d(pb.N) * (d(core::kCtcLRows) * (L + 132) + d(core::kCtcCRows) * (d(pb.C) + 132));
+    if (8 * std::max(d(pb.T) * d(pb.N) * L, scratch) >= 0x1p63) {
+      throw Error(ErrorCode::invalid_value, "targets",
+                  "a padded width S whose workspace, T x N x (2 S + 1) values, has a byte count within int64",
+                  "S = " + str(pb.S) + " with T = " + str(pb.T) + ", N = " + str(pb.N));
+    }
+  }
   pb.L = 2 * pb.S + 1;
 
   // Every used label in [0, C) and not blank: the first bad one is reported, in sample order.

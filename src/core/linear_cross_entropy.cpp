@@ -56,7 +56,13 @@ void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V) {
   const TensorView logits = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0, V});
   const TensorView target = TensorView::contiguous(nullptr, DType::i64, {0});
   const TensorView loss = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0});
-  cross_entropy_forward(logits, target, o, CrossEntropyOutputs{loss, std::nullopt, std::nullopt});
+  try {
+    cross_entropy_forward(logits, target, o, CrossEntropyOutputs{loss, std::nullopt, std::nullopt});
+  } catch (const Error& e) {
+    // this API's "weight" is W: the class weights are named as its overlap checks name them
+    if (e.argument() != "weight") throw;
+    throw Error(e.code(), "class_weight", e.expected(), e.actual());
+  }
 }
 
 Problem check_problem(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
@@ -74,6 +80,7 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
     throw Error(ErrorCode::shape_mismatch, "weight", "(V, " + std::to_string(p.H) + ") to match x's H",
                 w.shape_string());
   }
+  if (p.V == 0) throw Error(ErrorCode::shape_mismatch, "weight", "at least one class (V >= 1)", w.shape_string());
   if (b) {
     core::check_view(*b, "bias");
     core::check_dtype(*b, "bias", x.dtype);

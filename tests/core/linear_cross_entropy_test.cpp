@@ -650,8 +650,13 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
        "target"},
       {"label smoothing", [](Data&, auto&, auto& o) { o.ce.label_smoothing = 2; }, ErrorCode::invalid_value,
        "label_smoothing"},
+      // the class weights by this API's name for them ("weight" is W here)
       {"class weight shape", [](Data&, auto&, auto& o) { static Tensor t = Tensor::make(DType::f32, {3}); o.ce.weight = t.view; },
+       ErrorCode::shape_mismatch, "class_weight"},
+      {"no classes", [](Data& d, auto& b, auto&) { d.w = Tensor::make(DType::f32, {0, 5}), b.reset(); },
        ErrorCode::shape_mismatch, "weight"},
+      {"softcap float32 cannot hold", [](Data&, auto&, auto& o) { o.ce.softcap = 1e39; }, ErrorCode::invalid_value,
+       "softcap"},
       {"vocab_tile < 0", [](Data&, auto&, auto& o) { o.vocab_tile = -1; }, ErrorCode::invalid_value, "vocab_tile"},
       {"memory_budget < 0", [](Data&, auto&, auto& o) { o.memory_budget = -1; }, ErrorCode::invalid_value,
        "memory_budget"},
@@ -695,6 +700,33 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
     for (const Tensor* t : {&loss, &lse, &gx, &gw}) {
       EXPECT_TRUE(t->outside_untouched(kSentinel) &&
                   std::all_of(t->storage.begin(), t->storage.end(), [](std::uint8_t v) { return v == kSentinel; }));
+    }
+  }
+}
+
+TEST(LinearCeErrors, GradientsRepeatingElements) {
+  // gradient views whose elements share memory would be written in thread order: refused, nothing written
+  const Case c;
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "grad_x strides (0, 1)" : "grad_w strides (1, 1)");
+    Data d = make_data(c, 7);
+    Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
+    Tensor gx = Tensor::make(DType::f32, {7, 5}, Layout::contiguous, kSentinel);
+    Tensor gw = Tensor::make(DType::f32, {11, 5}, Layout::contiguous, kSentinel);
+    TensorView vx = gx.view, vw = gw.view;
+    if (which == 0) vx.strides[0] = 0;
+    if (which == 1) vw.strides[0] = 1;
+    try {
+      lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, options(c, d),
+                                             CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt},
+                                             LinearCrossEntropyGrads{vx, vw, std::nullopt});
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::bad_pointer) << e.what();
+      EXPECT_EQ(e.argument(), which == 0 ? "grad_x" : "grad_weight") << e.what();
+    }
+    for (const Tensor* t : {&loss, &gx, &gw}) {
+      EXPECT_TRUE(std::all_of(t->storage.begin(), t->storage.end(), [](std::uint8_t v) { return v == kSentinel; }));
     }
   }
 }

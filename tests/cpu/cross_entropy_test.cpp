@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -861,6 +862,47 @@ TEST(CrossEntropyErrors, InPlaceWithAnotherBuffer) {
     gr.strides[0] = 1, gr.strides[1] = 4;
     return Views{{}, {}, gr};
   }, {ErrorCode::bad_pointer, ErrorCode::invalid_value}, bw);
+}
+TEST(CrossEntropyErrors, GradRepeatingElements) {
+  // a gradient view whose elements share memory: the rows' writes would race (and land in thread order)
+  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward};
+  for (const auto& strides : {std::array<std::int64_t, 2>{0, 1}, std::array<std::int64_t, 2>{1, 1},
+                              std::array<std::int64_t, 2>{2, 1}}) {
+    std::string msg;
+    expect_error([strides](ErrFixture& f) {
+      TensorView gr = f.grad.view;
+      gr.strides[0] = strides[0], gr.strides[1] = strides[1];
+      return Views{{}, {}, gr};
+    }, {ErrorCode::bad_pointer}, bw, &msg);
+    EXPECT_NE(msg.find("grad_logits"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("do not share memory"), std::string::npos) << msg;
+  }
+  // in place: logits whose rows are one row of memory are refused too (their gradient would overwrite logits that
+  // other rows have yet to read)
+  expect_error([](ErrFixture& f) {
+    f.write = GradWrite::in_place;
+    TensorView lg = f.logits.view;
+    lg.strides[0] = 0;
+    return Views{lg, {}, lg};
+  }, {ErrorCode::bad_pointer}, bw);
+}
+TEST(CrossEntropyErrors, ScalesFloat32CannotHold) {
+  // float32 logits accumulate in float32, which takes softcap (and its inverse), logit_scale and z_loss_scale
+  expect_error([](ErrFixture& f) { f.o.softcap = 1e-300; return Views{}; }, {ErrorCode::invalid_value});
+  expect_error([](ErrFixture& f) { f.o.softcap = 1e-45; return Views{}; }, {ErrorCode::invalid_value});
+  expect_error([](ErrFixture& f) { f.o.softcap = 1e39; return Views{}; }, {ErrorCode::invalid_value});
+  expect_error([](ErrFixture& f) { f.o.logit_scale = -1e39; return Views{}; }, {ErrorCode::invalid_value});
+  expect_error([](ErrFixture& f) { f.o.logit_scale = 1e-300; return Views{}; }, {ErrorCode::invalid_value});
+  expect_error([](ErrFixture& f) { f.o.z_loss_scale = 1e39; return Views{}; }, {ErrorCode::invalid_value});
+  // float64 logits take them in double: the softcap of 1e-300 caps every logit at 1e-300, so the loss is log C
+  Tensor lg = Tensor::make(DType::f64, {2, 5}), tg = Tensor::make(DType::i64, {2});
+  for (std::int64_t i = 0; i < 10; ++i) lg.set(i, 0.5 * static_cast<double>(i % 7) - 1.0);
+  tg.set_int(0, 1), tg.set_int(1, 4);
+  Tensor loss = Tensor::make(DType::f64, {});
+  CrossEntropyOptions o;
+  o.softcap = 1e-300;
+  lossfuse::cross_entropy_forward(lg.view, tg.view, o, CrossEntropyOutputs{loss.view, std::nullopt, std::nullopt});
+  EXPECT_NEAR(loss.get(0), std::log(5.0), 1e-12);
 }
 TEST(CrossEntropyErrors, NullData) {
   expect_error([](ErrFixture& f) { TensorView v = f.logits.view; v.data = nullptr; return Views{v, {}, {}}; },

@@ -755,6 +755,22 @@ TEST(Ctc, ErrorsNameTheArgumentAndWriteNothing) {
   expect_error("grad_log_probs", ErrorCode::bad_pointer, [&] {
     lossfuse::ctc_backward(p.lp.view, p.targets.view, p.il.view, p.tl.view, std::nullopt, o, p.lp.view);
   });
+  // a gradient whose samples share memory (stride 0 over N): refused, not raced on
+  expect_error("grad_log_probs", ErrorCode::bad_pointer, [&] {
+    TensorView g = grad.view;
+    g.strides[1] = 0;
+    lossfuse::ctc_backward(p.lp.view, p.targets.view, p.il.view, p.tl.view, std::nullopt, o, g);
+  });
+  // a padded width no workspace can have (a stride-0 view claims it): an error, not a wrapped size
+  {
+    Tensor tl = Tensor::make(DType::i64, {3});
+    for (std::int64_t b = 0; b < 3; ++b) tl.set_int(b, 0);
+    TensorView t = p.targets.view;
+    t.ndim = 2, t.shape[0] = 3, t.shape[1] = 512409557603043100, t.strides[0] = 0, t.strides[1] = 0;
+    expect_error("targets", ErrorCode::invalid_value, [&] {
+      lossfuse::ctc_forward(p.lp.view, t, p.il.view, tl.view, o, CtcOutputs{loss.view, {}, {}});
+    });
+  }
   for (auto byte : grad.storage) ASSERT_EQ(byte, kSentinel);
   for (auto byte : grad_bad.storage) ASSERT_EQ(byte, kSentinel);
 }

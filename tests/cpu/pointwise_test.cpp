@@ -920,6 +920,16 @@ TEST(PointwiseErrors, GradientDtypeShapeStride) {
           return put(t);
         },
         {ErrorCode::bad_pointer, ErrorCode::invalid_value}, name, {Entry::backward});
+    // no zero stride, but rows that overlap: strides (1, 1) and (4, 1) over a (4, 5) gradient
+    for (std::int64_t row_stride : {1, 4}) {
+      expect_error(
+          [&](ErrFixture&) {
+            TensorView t = g20.view;
+            t.ndim = 2, t.shape[0] = 4, t.shape[1] = 5, t.strides[0] = row_stride, t.strides[1] = 1;
+            return put(t);
+          },
+          {ErrorCode::bad_pointer}, name, {Entry::backward});
+    }
   }
 }
 TEST(PointwiseErrors, OverlappingBuffers) {
