@@ -34,7 +34,7 @@ struct CrossEntropyOptions {
   Reduction reduction = Reduction::mean;
   std::int64_t ignore_index = -100;  // any value; must stay -100 with soft targets
   double label_smoothing = 0.0;      // in [0, 1]
-  std::optional<TensorView> weight;  // (C); dtype of the logits, float32 or float64
+  std::optional<TensorView> weight;  // (C); any floating dtype, read in the accumulation dtype
   double logit_scale = 1.0;          // finite
   double softcap = 0.0;              // 0 disables soft-capping; else finite and > 0
   double z_loss_scale = 0.0;         // finite, >= 0

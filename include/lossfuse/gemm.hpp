@@ -3,7 +3,9 @@
 // A GemmCall asks for C = alpha * op(A) op(B) + beta * C with op(A) m x k, op(B) k x n and C m x n, all row-major
 // with leading dimensions lda, ldb, ldc (in elements). trans_a: A is stored k x m; trans_b: B is stored n x k.
 // A and B share one dtype (float32, float64, bfloat16 or float16); C is float32, or float64 for float64 A and B.
-// Products are accumulated in C's dtype. beta == 0 means C is not read (it may hold garbage).
+// The built-in GEMM accumulates products in C's dtype; a hook may do otherwise (torch's binding multiplies 16-bit
+// operands with torch's matmul in their dtype, then adds the rounded product into C). beta == 0 means C is not read
+// (it may hold garbage).
 #pragma once
 
 #include <cstdint>

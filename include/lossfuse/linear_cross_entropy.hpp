@@ -6,7 +6,8 @@
 // with unit stride along H (x, W) and V (b). target: (N) class indices of any integer dtype. The logits are made
 // one chunk of rows at a time by the GEMM hook (gemm.hpp) in float32 (float64 for float64 inputs) and reduced
 // there by the cross-entropy kernels; products for dx and dW use the 16-bit gradient of the logits, rounded once,
-// for 16-bit inputs, with float32 accumulation.
+// for 16-bit inputs, with float32 accumulation (the built-in GEMM's; the torch binding's hook rounds each 16-bit
+// product to 16 bits, as torch's matmul does, before adding it in float32).
 //
 // Two ways to get the gradients:
 //  1. forward with grads (chunked over tokens): dx, dW, db computed during the forward pass for an upstream

@@ -16,7 +16,7 @@ namespace lossfuse {
 struct NllOptions {
   Reduction reduction = Reduction::mean;
   std::int64_t ignore_index = -100;
-  std::optional<TensorView> weight;  // (C); dtype of the input, float32 or float64
+  std::optional<TensorView> weight;  // (C); any floating dtype, read in the accumulation dtype
 };
 
 // loss: row shape for 'none', else a scalar; float32 (float64 for float64 input), contiguous.
