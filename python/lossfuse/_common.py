@@ -503,9 +503,9 @@ def class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, split):
     total = loss.sum()
     if not split:
         return total / denom
-    # torch's own kernel (reduction 2: sum), which patch_torch() leaves alone: lossfuse's nll_loss inside this
-    # composition's forward-mode AD would meet its own transform level
-    cls = (1 - label_smoothing) * torch._C._nn.nll_loss(
+    # torch's own kernel (of any number of dims; reduction 2: sum), which patch_torch() leaves alone: lossfuse's
+    # nll_loss inside this composition's forward-mode AD would meet its own transform level
+    cls = (1 - label_smoothing) * torch._C._nn.nll_loss_nd(
         torch.log_softmax(z, 1 if z.dim() >= 2 else 0), t, weight, 2, ignore_index)
     return cls / denom + (total - cls) / denom
 

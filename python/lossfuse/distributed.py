@@ -72,6 +72,15 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
         raise as_argument_error(e) from None
 
 
+def _float32_holds(v):
+    """Whether float32 rounds v to a finite value, nonzero for a nonzero v."""
+    try:
+        f = struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return False
+    return math.isfinite(f) and (v == 0 or f != 0)
+
+
 def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction, label_smoothing,
                      logit_scale, softcap, z_loss_scale, inplace):
     """This rank's checks, raising nothing (a rank raising alone would leave the others waiting in a collective):
@@ -91,11 +100,16 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         if input.shape[-1] < 1:
             raise ArgumentError(f"lossfuse: {name}: input: expected at least one class on this rank, got 0")
         eps = float(label_smoothing)
-        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), 0.0 if eps < 0 else eps,
-                float(logit_scale), float(softcap), float(z_loss_scale))  # negative: no smoothing, as torch
+        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), eps if eps > 0 else 0.0,
+                float(logit_scale), float(softcap), float(z_loss_scale))  # negative or NaN: no smoothing, as torch
         if not args[2] <= 1.0:
             raise ArgumentError(f"lossfuse: {name}: label_smoothing: expected a value in [0, 1], got "
                                 f"{label_smoothing}")
+        zs = args[5]
+        if not (math.isfinite(zs) and zs >= 0) or (input.dtype != torch.float64 and not _float32_holds(zs)):
+            # checked here: the forward computes the z-loss itself, the kernels see it in backward only
+            raise ArgumentError(f"lossfuse: {name}: z_loss_scale: expected a finite value >= 0 that float32 holds "
+                                f"(float64 logits: any finite one), got {z_loss_scale}")
         if (vocab_start is None) != (vocab_size is None):
             raise ArgumentError(f"lossfuse: {name}: vocab_start and vocab_size: expected both or neither, got "
                                 f"{vocab_start} and {vocab_size}")

@@ -1099,6 +1099,27 @@ def test_probability_targets_with_wider_class_weights_promote(dtype, weight_dtyp
     assert g.dtype == dtype
 
 
+@pytest.mark.parametrize("extra", [dict(label_smoothing=0.1), dict(label_smoothing=0.1, weight="w")])
+def test_forward_mode_and_double_backward_of_k_dim_smoothed_mean(extra):
+    """The 'mean' of a smoothed loss is composed with torch's nll_loss for tangents and second derivatives: of any
+    number of dims (the 2-D-only kernel raised 'input tensor should be 1D or 2D' for (N, C, d) logits)."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64)
+    t = torch.randint(0, 3, (2, 4), generator=gen)
+    t[0, 1] = -100
+    kw = dict(extra, weight=torch.rand(3, generator=gen, dtype=torch.float64) + 0.5) if "weight" in extra else extra
+    v = torch.randn_like(x)
+    got = torch.func.jvp(lambda a: LF.cross_entropy(a, t, **kw), (x,), (v,))
+    want = torch.func.jvp(lambda a: F.cross_entropy(a, t, **kw), (x,), (v,))
+    torch.testing.assert_close(got, want)
+    grads = []
+    for f in (LF, F):
+        xr = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(f.cross_entropy(xr, t, **kw), xr, create_graph=True)
+        grads.append(torch.autograd.grad((g * v).sum(), xr)[0])
+    torch.testing.assert_close(grads[0], grads[1])
+
+
 @pytest.mark.parametrize("name", ["cross_entropy", "nll_loss"])
 def test_class_weights_of_another_dtype_raise_as_torch(name):
     """For class-index targets torch requires class weights of the input's dtype ('expected scalar type Float but

@@ -153,6 +153,7 @@ def case_values(rank, world):
     for target_dtype in (torch.uint8, torch.int16, torch.int32):
         one_case(rank, world, torch.float32, dict(reduction="sum"), target_dtype=target_dtype)
     one_case(rank, world, torch.float32, dict(label_smoothing=-0.3))  # negative: no smoothing, as torch
+    one_case(rank, world, torch.float32, dict(label_smoothing=math.nan))  # NaN: none either, as torch
     one_case(rank, world, torch.float32, dict(), shape=(7,))  # (N, V_rank)
     one_case(rank, world, torch.float32, dict(), shape=(2, 3, 4))
     # logits at a large common offset (float32 ulp 0.125 at 2^20): the slices' lse are gathered in float64 (max +
@@ -228,7 +229,11 @@ def case_edges(rank, world):
         raise AssertionError("no IndexError for a target past the vocabulary")
     for bad, match in [(dict(vocab_start=0), "both or neither"), (dict(label_smoothing=1.5), "label_smoothing"),
                        (dict(vocab_start=V, vocab_size=V), "vocab_start"), (dict(reduction="avg"), "reduction"),
-                       (dict(logit_scale=math.nan), "logit_scale")]:
+                       (dict(logit_scale=math.nan), "logit_scale"),
+                       # the forward computes the z-loss itself: the scale float32 cannot hold is refused up front,
+                       # not by the kernel in backward
+                       (dict(z_loss_scale=1e-50), "z_loss_scale"), (dict(z_loss_scale=1e39), "z_loss_scale"),
+                       (dict(z_loss_scale=-1.0), "z_loss_scale")]:
         try:
             vpce(mine, full_inputs(torch.float32)[1], **bad)
         except ValueError as e:

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +17,12 @@ std::string shape_string(const std::int64_t* shape, int ndim) {
     s += std::to_string(shape[i]);
   }
   return s + ")";
+}
+
+std::string number_string(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 namespace {

@@ -37,6 +37,8 @@ void check_no_overlap(const TensorView& a, std::string_view a_name, const Tensor
 void check_no_self_overlap(const TensorView& t, std::string_view name);
 
 std::string shape_string(const std::int64_t* shape, int ndim);
+// A double as printf's %g writes it (1e-50, not std::to_string's 0.000000).
+std::string number_string(double v);
 
 // Class weights copied into the accumulation type, padded with zeros to a multiple of 64 so SIMD loops
 // may read whole vectors. Checks shape (C) and a floating dtype.

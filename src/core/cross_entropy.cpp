@@ -42,16 +42,16 @@ void check_options(const CrossEntropyOptions& o, bool soft, DType acc) {
     // The kernels take them in the accumulation dtype: softcap also as its inverse.
     const char* held = "a value that float32 holds (logits other than float64 accumulate in float32)";
     if (!float32_holds(o.logit_scale)) {
-      throw Error(ErrorCode::invalid_value, "logit_scale", held, std::to_string(o.logit_scale));
+      throw Error(ErrorCode::invalid_value, "logit_scale", held, core::number_string(o.logit_scale));
     }
     if (o.softcap > 0 && !(float32_holds(o.softcap) && float32_holds(1.0 / o.softcap))) {
       throw Error(ErrorCode::invalid_value, "softcap",
                   "0 (off) or a value that float32 holds, with its inverse (logits other than float64 accumulate in "
                   "float32)",
-                  std::to_string(o.softcap));
+                  core::number_string(o.softcap));
     }
     if (!float32_holds(o.z_loss_scale)) {
-      throw Error(ErrorCode::invalid_value, "z_loss_scale", held, std::to_string(o.z_loss_scale));
+      throw Error(ErrorCode::invalid_value, "z_loss_scale", held, core::number_string(o.z_loss_scale));
     }
   }
 }
