@@ -403,6 +403,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     beta = float(beta)
     if beta == 0:  # torch's smooth_l1_loss is l1_loss there
         _check_no_bool("smooth_l1_loss", input, target)
+        if not torch.promote_types(input.dtype, target.dtype).is_floating_point:  # integers, complex: as l1_loss
+            return l1_loss(input, target, size_average, reduce, reduction)
     direct = not infinite(beta) and autocast_reads_16bit(input, target)  # as mse_loss
     if not direct:
         input, target = autocast_float32(input, target)
@@ -515,6 +517,11 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
     if target.dtype == torch.bool:
         raise NotImplementedError("margin_ranking_loss: target: torch computes -target, a negation, which it does not "
                                   "support for bool")
+    if not (input1.is_floating_point() or input2.is_floating_point()) or any(
+            t.is_complex() for t in (input1, input2, target)):
+        # integer inputs, which torch subtracts in their dtype (wrapping), and complex operands (its error): torch's
+        # own op, there being nothing for a real floating kernel to do
+        return _margin_ranking_formula(input1, input2, target, float(margin), red)
     input1, input2, target = autocast_float32(input1, input2, target)
     dtype = _result_type(input1, input2, target)
     if not dtype.is_floating_point:  # torch adds the (float) margin: integer operands give the default dtype

@@ -485,6 +485,32 @@ def test_margin_ranking_integer_and_bool_targets(margin):
             LF.margin_ranking_loss(a, b, t, margin=margin)
 
 
+def test_integer_and_complex_operands_as_torch():
+    """torch's own arithmetic where no real floating kernel applies: margin_ranking_loss subtracts integer inputs in
+    their dtype (int8 100 - (-100) wraps to -56) and refuses complex operands; smooth_l1_loss at beta 0 is l1_loss,
+    which takes integer and complex operands."""
+    i8 = torch.tensor([100, -100, 7], dtype=torch.int8)
+    u8 = torch.tensor([1, 5, 200], dtype=torch.uint8)
+    t = torch.tensor([1, -1, 1])
+    for a, b in [(i8, i8.flip(0)), (u8, u8.flip(0)), (i8.long(), u8.long())]:
+        for reduction in REDUCTIONS:
+            want = F.margin_ranking_loss(a, b, t, margin=0.5, reduction=reduction)
+            got = LF.margin_ranking_loss(a, b, t, margin=0.5, reduction=reduction)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
+    c = torch.tensor([1 + 1j, 5, 2], dtype=torch.complex64)
+    with pytest.raises(NotImplementedError):
+        F.margin_ranking_loss(torch.rand(3), torch.rand(3), c)
+    with pytest.raises(NotImplementedError):
+        LF.margin_ranking_loss(torch.rand(3), torch.rand(3), c)
+    for a, b in [(i8.long(), u8.long()), (c, torch.rand(3))]:
+        for reduction in ["none", "sum"]:
+            want = F.smooth_l1_loss(a, b, beta=0.0, reduction=reduction)
+            got = LF.smooth_l1_loss(a, b, beta=0.0, reduction=reduction)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("name,opts", [("smooth_l1_loss", {"beta": math.inf}), ("huber_loss", {"delta": math.inf}),
                                        ("huber_loss", {"delta": math.inf, "weight": True}),
                                        ("hinge_embedding_loss", {"margin": math.inf}),
