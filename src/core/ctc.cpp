@@ -145,7 +145,7 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
     const auto d = [](std::int64_t v) { return static_cast<double>(v); };
     const double L = 2 * d(pb.S) + 1;
     const double scratch = d(pb.N) * (d(core::kCtcLRows) * (L + 132) + d(core::kCtcCRows) * (d(pb.C) + 132));
-    if (8 * std::max(d(pb.T) * d(pb.N) * L, scratch) >= 0x1p63) {
+    if (8 * std::max({d(pb.T) * d(pb.N) * L, scratch, L}) >= 0x1p63) {  // L alone too: N or T may be 0
       throw Error(ErrorCode::invalid_value, "targets",
                   "a padded width S whose workspace, T x N x (2 S + 1) values, has a byte count within int64",
                   "S = " + str(pb.S) + " with T = " + str(pb.T) + ", N = " + str(pb.N));

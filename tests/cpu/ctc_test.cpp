@@ -770,6 +770,13 @@ TEST(Ctc, ErrorsNameTheArgumentAndWriteNothing) {
     expect_error("targets", ErrorCode::invalid_value, [&] {
       lossfuse::ctc_forward(p.lp.view, t, p.il.view, tl.view, o, CtcOutputs{loss.view, {}, {}});
     });
+    // with no sample the workspace is empty, but 2 S + 1 itself must not overflow
+    Tensor lp0 = Tensor::make(p.c.dt, {6, 0, 5}), len0 = Tensor::make(DType::i64, {0});
+    TensorView t0 = t;
+    t0.shape[0] = 0, t0.shape[1] = std::numeric_limits<std::int64_t>::max() / 2 + 7;
+    expect_error("targets", ErrorCode::invalid_value, [&] {
+      lossfuse::ctc_forward(lp0.view, t0, len0.view, len0.view, o, CtcOutputs{loss.view, {}, {}});
+    });
   }
   for (auto byte : grad.storage) ASSERT_EQ(byte, kSentinel);
   for (auto byte : grad_bad.storage) ASSERT_EQ(byte, kSentinel);
