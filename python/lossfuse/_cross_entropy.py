@@ -1,5 +1,7 @@
 """cross_entropy and nll_loss: fake implementations, autograd, and the torch-compatible functions."""
 
+import math
+
 import torch
 import torch.nn as _tnn
 
@@ -273,7 +275,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         try:
             return _cross_entropy_eager(input, target, None, red, ignore_index, *scalars)[0]
         except ValueError as e:
-            raise as_argument_error(e) from None
+            if input.shape[1] != 0:  # logits of no class take the road below (_no_class)
+                raise as_argument_error(e) from None
     check_optional_tensors("cross_entropy_loss", ("weight", 3, weight))
     red = reduction_code(reduction, size_average, reduce)
     input, target = _check_tensors("cross_entropy_loss", input, target)
@@ -293,6 +296,10 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if soft and weight is not None and weight.is_floating_point():
         # torch's probability-target loss is -(log_softmax(x) * p * w).sum(): the class weights promote it too
         loss_dtype = torch.promote_types(loss_dtype, weight.dtype)
+    if input.shape[1 if input.dim() >= 2 else 0] == 0:
+        loss, lse, z_loss = _no_class("cross_entropy_loss", input, target, weight, red, ignore_index, soft,
+                                      label_smoothing, z_loss_scale)
+        return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss, acc_dtype(input))
     args = (red, int(ignore_index), float(label_smoothing), float(logit_scale), float(softcap), float(z_loss_scale))
     fitted, fitted_target, restore = _fit_class_dims(input, target, soft, same_shape_is_soft=True)
     if _weight_needs_grad("cross_entropy", weight, soft):
@@ -329,6 +336,37 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if restore is not None:
         loss, lse, z_loss = (restore(t) for t in (loss, lse, z_loss))
     return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss, acc_dtype(input))
+
+
+def _no_class(name, input, target, weight, red, ignore_index, soft, label_smoothing=0.0, z_loss_scale=0.0):
+    """Logits with no class (C = 0), which torch takes: every class-index target must be ignore_index (torch raises an
+    IndexError for any other; in eager mode this one names the first, where the kernels' target scan would), and the
+    loss is torch's own kernel's (0 per row; 'mean' of class indices is 0/0, NaN, and so is that of probabilities,
+    torch dividing by numel / C). The lse of a row of no class is -inf; its z-loss is 0 for an ignored row and
+    z_loss_scale * inf for a row of probabilities. Returns (loss, lse, z_loss)."""
+    if not soft and is_eager(target) and torch._C._len_torch_dispatch_stack() == 0:
+        kept = (target != ignore_index).reshape(-1).nonzero()
+        if kept.numel():
+            flat = int(kept[0, 0])
+            position = [flat // math.prod(target.shape[d + 1:]) % n for d, n in enumerate(target.shape)]
+            raise IndexError(f"lossfuse: {name}: target: expected ignore_index ({ignore_index}) only, the input "
+                             f"having no class (shape {tuple(input.shape)}), got {int(target.reshape(-1)[flat])} at "
+                             f"position {position}")
+    if not soft:
+        target = target.long()  # torch's kernels take int64 class indices; the values are the same
+    if name == "nll_loss":
+        loss = torch._C._nn.nll_loss_nd(input, target, weight, red, ignore_index)
+    else:
+        loss = torch._C._nn.cross_entropy_loss(input, target, weight, red, ignore_index, label_smoothing)
+    rows = input.shape[:1] + input.shape[2:] if input.dim() >= 2 else ()
+    acc = acc_dtype(input)
+    lse = torch.full(rows, -math.inf, dtype=acc, device=input.device)
+    z_rows = torch.full(rows, math.inf if soft and z_loss_scale > 0 else 0.0, dtype=acc, device=input.device)
+    # 'mean' over the kept rows (none of class indices: 0/0) or over the rows of probabilities
+    z_loss = z_rows if red == 0 else z_rows.sum() / (1 if red == 2 else z_rows.numel() if soft else 0)
+    if z_loss_scale > 0:
+        loss = loss + z_loss.to(loss.dtype)
+    return loss, lse, z_loss
 
 
 def _autocast_class_target_logits(input, soft):
@@ -406,6 +444,9 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     loss_dtype = _autocast_class_target_logits(input, False) or input.dtype
     (weight,) = autocast_float32(weight)
     _weight_needs_grad("nll_loss", weight, False)
+    if input.shape[1 if input.dim() >= 2 else 0] == 0:
+        loss = _no_class("nll_loss", input, target, weight, red, ignore_index, False)[0]
+        return loss if loss.dtype == loss_dtype else loss.to(loss_dtype)
     input, target, restore = _fit_class_dims(input, target, False)
     loss = _ops.nll_loss(input, target, weight, red, int(ignore_index))
     if restore is not None:

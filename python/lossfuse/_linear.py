@@ -197,8 +197,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         raise RuntimeError("lossfuse: ignore_index: cannot be given when target holds probabilities")
     if ignore_index is None:
         ignore_index = -100
-    if target.is_floating_point() or linear_weight.dim() != 2:
-        if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+    if target.is_floating_point() or linear_weight.dim() != 2 or linear_weight.shape[0] == 0:
+        # (no class: the logits (N, 0) hold nothing, and cross_entropy takes them as torch does)
+        if linear_weight.shape[0] != 0 and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
             warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
                           "computed from the full logits", stacklevel=2)
         from ._cross_entropy import cross_entropy

@@ -144,6 +144,58 @@ def test_all_ignored_and_empty(reduction):
                  torch.float32, "empty")
 
 
+@pytest.mark.parametrize("fn", ["cross_entropy", "nll_loss", "linear_cross_entropy"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("rows", [(0,), (3,), ()], ids=str)
+@pytest.mark.parametrize("training", [False, True], ids=["forward", "training"])
+def test_no_class(fn, reduction, rows, training):
+    """Logits of no class (C = 0), as torch takes them: rows whose targets are all ignore_index give torch's loss (0
+    per row, 'mean' 0/0) and an empty gradient; any other target raises torch's IndexError type, naming it."""
+    if fn == "linear_cross_entropy" and not hasattr(F, "linear_cross_entropy"):
+        pytest.skip("torch.nn.functional.linear_cross_entropy needs torch >= 2.13")
+    h = torch.randn(*rows, 4, dtype=torch.float64)
+    w, b = torch.randn(0, 4, dtype=torch.float64), torch.randn(0, dtype=torch.float64)
+    x = torch.empty(*rows, 0, dtype=torch.float64)
+    operands = [h, w, b] if fn == "linear_cross_entropy" else [x]
+
+    def call(module, target):
+        args = [a.detach().requires_grad_(training) for a in operands]
+        if fn == "linear_cross_entropy":
+            loss = module.linear_cross_entropy(args[0], args[1], target, linear_bias=args[2], reduction=reduction)
+        else:
+            loss = getattr(module, fn)(args[0], target, reduction=reduction)
+        grads = torch.autograd.grad(loss.sum(), args) if training else ()
+        return loss, grads
+
+    for dtype in (torch.int64, torch.int16):
+        ignored = torch.full(rows, -100, dtype=dtype)
+        ours, ours_grads = call(LF, ignored)
+        theirs, their_grads = call(F, ignored.long())
+        torch.testing.assert_close(ours, theirs, equal_nan=True)
+        for go, gt in zip(ours_grads, their_grads, strict=True):
+            torch.testing.assert_close(go, gt)
+    if rows != (0,):
+        bad = torch.full(rows, -100)
+        bad.view(-1)[-1] = 2
+        with pytest.raises(IndexError):
+            call(F, bad)
+        with pytest.raises(IndexError, match=r"got 2 at position \[" + ("2" if rows else "") + r"\]"):
+            call(LF, bad)
+
+
+def test_no_class_extras():
+    """lossfuse's extras over no class: the lse of an empty row is -inf; an ignored row's z-loss is 0 and a row of
+    probabilities' z_loss_scale * lse^2 is inf."""
+    x = torch.empty(3, 0)
+    loss, lse, z = LF.cross_entropy(x, torch.full((3,), -100), reduction="none", z_loss_scale=0.1, return_lse=True,
+                                    return_z_loss=True)
+    assert loss.tolist() == [0.0] * 3 and lse.tolist() == [-math.inf] * 3 and z.tolist() == [0.0] * 3
+    loss, z = LF.cross_entropy(x, torch.empty(3, 0), reduction="sum", z_loss_scale=0.1, return_z_loss=True)
+    assert loss.item() == math.inf and z.item() == math.inf
+    loss, z = LF.cross_entropy(x, torch.empty(3, 0), reduction="sum", return_z_loss=True)
+    assert loss.item() == 0.0 and z.item() == 0.0
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_target_weights_summing_to_zero(eps, reduction):
