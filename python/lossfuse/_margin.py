@@ -17,9 +17,9 @@ that broadcast beyond (C) or need a gradient.
 import torch
 import torch.nn as _tnn
 
-from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
-                      graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops, reduction_code, register_autograd,
-                      sign_target)
+from ._common import (autocast_float32, check_class_weight_dtype, check_optional_tensors, check_tensors,
+                      differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
+                      reduction_code, register_autograd, sign_target)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -336,11 +336,12 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
                       reduction="mean"):
     """torch.nn.functional.multi_margin_loss: sum_{j != y} w_y max(0, margin - x_y + x_j)^p / C per sample, for
-    (N, C) or (C) inputs. Also for float16/bfloat16 inputs (torch: float32/float64 only); targets of any integer
-    dtype and weights of any float dtype (torch: int64, the input's dtype)."""
+    (N, C) or (C) inputs. Also for float16/bfloat16 inputs (torch: float32/float64 only) and targets of any integer
+    dtype (torch: int64); the weight has the input's dtype, as in torch."""
     check_optional_tensors("multi_margin_loss", ("weight", 5, weight))
     check_tensors("multi_margin_loss", ("input", input), ("target", target))
     red = reduction_code(reduction, size_average, reduce)
+    check_class_weight_dtype("multi_margin_loss", weight, input)
     input, weight = autocast_float32(input, weight)
     if p != 1 and p != 2:
         raise ValueError(f"multi_margin_loss: p: only p == 1 and p == 2 supported, got {p}")

@@ -71,7 +71,7 @@ def test_patch_torch_routes_and_restores():
     original = F.cross_entropy
     try:
         names = lossfuse.patch_torch()
-        assert "cross_entropy" in names and F.cross_entropy is LF.cross_entropy
+        assert "cross_entropy" in names and F.cross_entropy.__wrapped__ is LF.cross_entropy
         lossfuse.patch_torch()  # twice is harmless
         x = torch.randn(4, 10, requires_grad=True)
         t = torch.tensor([1, 2, 3, 4])
@@ -84,6 +84,53 @@ def test_patch_torch_routes_and_restores():
     finally:
         lossfuse.unpatch_torch()
     assert F.cross_entropy is original
+
+
+class _Overriding(torch.Tensor):
+    """A subclass overriding __torch_function__: it answers mse_loss itself."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is F.mse_loss:
+            return torch.tensor(42.0)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Plain(torch.Tensor):
+    pass
+
+
+class _Recording(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+def test_patch_torch_leaves_overrides_subclasses_and_other_devices_to_torch(monkeypatch):
+    """Patched functions keep torch's __torch_function__ protocol (subclass overrides, torch.fx tracing, modes) and
+    leave tensor subclasses and tensors on devices lossfuse has no kernels for to torch's own function."""
+    a, b = torch.randn(3), torch.randn(3)
+    x, t = torch.randn(4, 5, requires_grad=True), torch.tensor([0, 1, 2, 3])
+    try:
+        lossfuse.patch_torch()
+        assert F.mse_loss(a.as_subclass(_Overriding), b.as_subclass(_Overriding)).item() == 42.0
+        assert F.mse_loss(a.as_subclass(_Plain), b.as_subclass(_Plain)).grad_fn is None  # torch's, no requires_grad
+        traced = torch.fx.symbolic_trace(lambda u, v: F.mse_loss(u, v))
+        torch.testing.assert_close(traced(a, b), F.mse_loss(a, b))
+        mode = _Recording()
+        with mode:
+            loss = F.cross_entropy(x, t)
+        assert "cross_entropy" in mode.names and "lossfuse" in loss.grad_fn.name()  # the mode saw it; lossfuse ran
+        assert "lossfuse" in F.mse_loss(a.requires_grad_(), b).grad_fn.name()
+        monkeypatch.setattr(lossfuse._patch, "_DEVICES", ("meta",))  # as if the CPU were a device lossfuse lacks
+        assert F.mse_loss(a, b).grad_fn.name() == "MseLossBackward0"
+        assert F.cross_entropy(x, t).grad_fn.name() == "NllLossBackward0"
+    finally:
+        lossfuse.unpatch_torch()
 
 
 def test_results_identical_for_any_torch_thread_count():

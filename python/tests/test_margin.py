@@ -523,18 +523,40 @@ def test_cosine_and_soft_margin_promotion():
 
 
 def test_multi_margin_extensions_beyond_torch():
-    """16-bit inputs, any integer target dtype and any float weight dtype: torch accepts float32/float64 inputs,
-    int64 targets and weights of the input's dtype only. Checked against torch on the converted operands."""
+    """16-bit inputs and any integer target dtype: torch accepts float32/float64 inputs and int64 targets only.
+    Checked against torch on the converted operands. The weight has the input's dtype, as torch requires."""
     torch.manual_seed(16)
     x = randn((6, 5), torch.bfloat16)
     t = class_targets((6,), 5, torch.int16)
-    w = torch.rand(5, dtype=torch.float64) + 0.5
+    w = (torch.rand(5, dtype=torch.float64) + 0.5).bfloat16()
     ours = LF.multi_margin_loss(x, t, weight=w, reduction="none")
     assert ours.dtype == torch.bfloat16
-    ref = TF["multi_margin_loss"](x.double(), t.long(), weight=w.bfloat16().double(), reduction="none")
+    ref = TF["multi_margin_loss"](x.double(), t.long(), weight=w.double(), reduction="none")
     assert_close(ours, ref, torch.bfloat16, "loss")
     with pytest.raises(NotImplementedError):
         TF["multi_margin_loss"](x, t.long())
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float64)], ids=str)
+def test_multi_margin_weight_of_another_dtype_raises(dtypes):
+    """torch's rule: the weight has the input's dtype (under autocast, 16-bit ones count as float32)."""
+    x_dtype, w_dtype = dtypes
+    x, t, w = randn((4, 5), x_dtype), class_targets((4,), 5), torch.rand(5).to(w_dtype)
+    if x_dtype != torch.bfloat16:
+        with pytest.raises(RuntimeError, match="expected scalar type"):
+            TF["multi_margin_loss"](x, t, weight=w)
+    with pytest.raises(RuntimeError, match="weight: expected dtype"):
+        LF.multi_margin_loss(x, t, weight=w)
+    seen = [torch.float32 if d in (torch.float16, torch.bfloat16) else d for d in dtypes]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if seen[0] != seen[1]:
+            with pytest.raises(RuntimeError, match="expected scalar type"):
+                TF["multi_margin_loss"](x, t, weight=w)
+            with pytest.raises(RuntimeError, match="weight: expected dtype"):
+                LF.multi_margin_loss(x, t, weight=w)
+        else:  # 16-bit operands are cast to float32 first
+            torch.testing.assert_close(LF.multi_margin_loss(x, t, weight=w), TF["multi_margin_loss"](x, t, weight=w))
 
 
 # ---- layouts ------------------------------------------------------------------------------------------------------
