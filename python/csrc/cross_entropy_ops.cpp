@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -70,6 +71,16 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
   return grad;
 }
 
+// The lse and z_loss of an eager node's forward: handed out beside the node rather than as its outputs, so they need
+// no mark_non_differentiable (which compiled autograd refuses in C++ nodes) and never join the graph.
+using RowOutputs = std::array<at::Tensor, 2>;
+
+// Whether the gradient a node holds was handed over: a one-element flag tensor in its saved_data. Compiled autograd
+// runs a C++ node's backward on a copy of its saved_data (so erasing the held gradient there does not last), but the
+// copy holds the same flag tensor, so the hand-over happens once in every case.
+at::Tensor new_flag() { return at::zeros({}, at::TensorOptions().dtype(at::kBool)); }
+bool& flag(torch::autograd::AutogradContext* ctx) { return *ctx->saved_data.at("handed").toTensor().data_ptr<bool>(); }
+
 // The eager training step's cross-entropy: the forward writes the gradient (upstream gradient 1), and the
 // backward, a C++ autograd node, hands it over once, scaled in place to the upstream gradient. Python's
 // cross_entropy takes this road only for plain eager calls with class-index targets and reduction mean or sum
@@ -78,33 +89,36 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
 // registered from Python. A gradient handed over belongs to the caller (it may be accumulated into .grad or
 // changed in place), so a later backward through a retained graph computes a new one.
 // A backward that must itself be differentiable (create_graph=True) recomputes the loss through the registered op
-// and differentiates it, as the Python path does.
+// and differentiates it, as the Python path does. Python takes the autograd.Function road where compiled autograd is
+// on at the forward; switched on later, compiled autograd calls this backward as it is (on a copy of the context).
 struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 std::int64_t red, std::int64_t ignore_index, double label_smoothing,
-                                                double logit_scale, double softcap, double z_loss_scale) {
+                                                double logit_scale, double softcap, double z_loss_scale,
+                                                RowOutputs* rows_out) {
     TORCH_CHECK(red == 1 || red == 2, "lossfuse: _cross_entropy_eager: expected reduction 1 (mean) or 2 (sum), got ",
                 red);
     auto [loss, lse, z_loss, grad] = cross_entropy(logits, target, weight, red, ignore_index, label_smoothing,
                                                    logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
-    ctx->mark_non_differentiable({lse, z_loss});
+    *rows_out = {lse, z_loss};
     ctx->set_materialize_grads(false);
     // Not saved through save_for_backward: backward scales it in place (a saved variable would fail its version
     // check) and then lets it go.
     ctx->saved_data["grad"] = grad;
+    ctx->saved_data["handed"] = new_flag();
     ctx->saved_data["args"] = c10::List<double>({static_cast<double>(red), static_cast<double>(ignore_index),
                                                  label_smoothing, logit_scale, softcap, z_loss_scale});
     ctx->save_for_backward({logits, target, weight.has_value() ? *weight : at::Tensor()});
     // in the input's dtype, as torch returns it (no separate conversion node in the graph)
-    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type()), lse, z_loss};
+    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type())};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    torch::autograd::variable_list out(9);
+    torch::autograd::variable_list out(10);
     const at::Tensor& grad_loss = grads[0];
-    if (!grad_loss.defined()) return out;  // only lse or z_loss was used: they have no gradient
+    if (!grad_loss.defined()) return out;
     // unpacked first in every case: raises torch's error if the logits were changed in place after the forward
     const auto saved = ctx->get_saved_variables();
     const auto a = ctx->saved_data["args"].toDoubleList();
@@ -134,10 +148,11 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
                                       ignore_index, a[2], a[3], a[4], a[5]);
       return out;
     }
-    if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end()) {
+    if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end() && !flag(ctx)) {
       // the first backward: the forward's gradient, handed over
       at::Tensor grad = held->second.toTensor();
       ctx->saved_data.erase(held);
+      flag(ctx) = true;
       if (scale != 1.0) grad.mul_(scale);
       out[0] = std::move(grad);
       return out;
@@ -157,9 +172,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager(const at::Ten
                                                                    std::int64_t red, std::int64_t ignore_index,
                                                                    double label_smoothing, double logit_scale,
                                                                    double softcap, double z_loss_scale) {
+  RowOutputs rows;
   auto out = CrossEntropyEager::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale, softcap,
-                                      z_loss_scale);
-  return {out[0], out[1], out[2]};
+                                      z_loss_scale, &rows);
+  return {out[0], rows[0], rows[1]};
 }
 
 // cross_entropy(..., inplace=True) in plain eager mode: the forward overwrites the logits with their gradient
@@ -175,7 +191,8 @@ struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInP
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 std::int64_t red, std::int64_t ignore_index, double label_smoothing,
-                                                double logit_scale, double softcap, double z_loss_scale) {
+                                                double logit_scale, double softcap, double z_loss_scale,
+                                                RowOutputs* rows_out) {
     TORCH_CHECK(red == 1 || red == 2,
                 "lossfuse: _cross_entropy_eager_inplace: expected reduction 1 (mean) or 2 (sum), got ", red);
     const auto rows = row_shape(logits);
@@ -190,25 +207,26 @@ struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInP
                                      std::nullopt, x, GradWrite::in_place);
     });
     torch::autograd::impl::bump_version(logits);
-    ctx->mark_non_differentiable({lse, z_loss});
+    *rows_out = {lse, z_loss};
     ctx->set_materialize_grads(false);
     ctx->saved_data["grad"] = logits.detach();  // the logits' storage, now their gradient (same version counter)
+    ctx->saved_data["handed"] = new_flag();
     ctx->saved_data["version"] = static_cast<std::int64_t>(logits._version());
     ctx->saved_data["target"] = target;  // for a non-finite upstream gradient's mask of ignored rows
     ctx->saved_data["ignore_index"] = ignore_index;
-    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type()), lse, z_loss};
+    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type())};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    torch::autograd::variable_list out(9);
+    torch::autograd::variable_list out(10);
     const at::Tensor& grad_loss = grads[0];
     if (!grad_loss.defined()) return out;
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "lossfuse: cross_entropy(inplace=True): a differentiable backward (create_graph=True) needs the "
                 "logits, which the forward overwrote with their gradient; call it with inplace=False");
     auto held = ctx->saved_data.find("grad");
-    TORCH_CHECK(held != ctx->saved_data.end(),
+    TORCH_CHECK(held != ctx->saved_data.end() && !flag(ctx),
                 "lossfuse: cross_entropy(inplace=True): the gradient was handed over by an earlier backward through "
                 "this graph, and it cannot be made again: the forward overwrote the logits with it; call it with "
                 "inplace=False to backward more than once");
@@ -223,6 +241,7 @@ struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInP
     const std::int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
     ctx->saved_data.erase("grad");
     ctx->saved_data.erase("target");
+    flag(ctx) = true;
     const double scale = grad_loss.item<double>();
     // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
     // saved another view of it after the call (still logits there) must not fail its check.
@@ -247,9 +266,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager_inplace(
     std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap, double z_loss_scale) {
   // torch's in-place rules, checked here in grad mode (forward runs without it, where they pass everything)
   torch::autograd::check_inplace(logits, /*requires_grad=*/true);
+  RowOutputs rows;
   auto out = CrossEntropyEagerInPlace::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale,
-                                             softcap, z_loss_scale);
-  return {out[0], out[1], out[2]};
+                                             softcap, z_loss_scale, &rows);
+  return {out[0], rows[0], rows[1]};
 }
 
 // The backward from the saved lse, written over the logits (GradWrite::in_place): lossfuse.distributed's

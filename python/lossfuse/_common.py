@@ -1,7 +1,9 @@
 """Helpers shared by every loss's Python side: reductions, accumulation dtypes, output casts."""
 
 import contextlib
+import functools
 import math
+import sys
 import threading
 
 import torch
@@ -113,6 +115,24 @@ def autocast_lower(first, *others):
     low = torch.get_autocast_dtype(first.device.type)
     return True, tuple(t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                        else t for t in (first, *others))
+
+
+def overridable(fn):
+    """torch's __torch_function__ protocol for a public loss function, as torch.nn.functional's own have: where an
+    operand overrides it (a tensor subclass, a torch.fx tracing proxy) or a torch function mode is active, the call
+    goes to handle_torch_function, which hands the function and its arguments to the override or mode."""
+    @functools.wraps(fn)
+    def public(*args, **kwargs):
+        operands = (*args, *kwargs.values()) if kwargs else args
+        if _has_torch_function(operands):
+            relevant = tuple(a for a in operands if hasattr(type(a), "__torch_function__"))
+            return torch.overrides.handle_torch_function(public, relevant, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return public
+
+
+_has_torch_function = torch.overrides.has_torch_function
 
 
 def check_tensors(name, *named):
@@ -406,6 +426,18 @@ class _DualMasks(threading.local):
 
 
 _dual_masks = _DualMasks()
+
+
+def compiled_autograd_on():
+    """Whether torch's compiled autograd is on (torch._dynamo.config.compiled_autograd, or its context active now):
+    it traces every node's backward into a graph, which cross_entropy's eager C++ node does not allow (torch asserts
+    against C++ nodes with outputs marked non-differentiable, and the node reads the upstream gradient's value), so
+    such calls take the autograd.Function road, which it traces."""
+    config = sys.modules.get("torch._dynamo.config")
+    if config is None:
+        return False
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    return bool(config.compiled_autograd or (module is not None and module.compiled_autograd_enabled))
 
 
 def forward_ad_active():

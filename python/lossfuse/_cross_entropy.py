@@ -5,11 +5,11 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, lse_dtype, as_argument_error, autocast_float32, autocasts,
+from ._common import (_plain_eager, acc_dtype, ArgumentError, as_argument_error, autocast_float32, autocasts,
                       check_class_weight_dtype, check_optional_tensors, check_tensors, class_target_mean,
-                      differentiable_grads, eager_scalar, forward_ad_active, graph_needed, in_acc_dtype, is_eager,
-                      new_grad, new_loss, ops, _plain_eager, reduction_code, register_autograd, torch_label_smoothing,
-                      upstream_not_finite)
+                      compiled_autograd_on, differentiable_grads, eager_scalar, forward_ad_active, graph_needed,
+                      in_acc_dtype, is_eager, lse_dtype, new_grad, new_loss, ops, overridable, reduction_code,
+                      register_autograd, torch_label_smoothing, upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -181,12 +181,13 @@ _TRAINING_REDUCTIONS = {"mean": 1, "sum": 2}
 def _training_step_eager(input, target):
     """For plain tensors with 2-D logits requiring grad and 1-D targets: whether cross_entropy's call takes the eager
     C++ node as it would through the checks of the general road (floating logits, class-index targets, grad mode on,
-    autocast not casting the logits, nothing tracing: _eager_state's conditions, no forward-mode AD)."""
+    autocast not casting the logits, nothing tracing: _eager_state's conditions, no forward-mode AD, no compiled
+    autograd)."""
     return (input.is_floating_point() and not target.is_floating_point() and torch.is_grad_enabled()
             and not autocasts(input) and not torch.compiler.is_compiling()
             and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
             and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None
-            and not forward_ad_active())
+            and not forward_ad_active() and not compiled_autograd_on())
 
 
 def _is_one(t):
@@ -233,6 +234,7 @@ register_autograd("nll_loss", _nll_backward, _nll_setup, _nll_composition, diffe
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------
 
 
+@overridable
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0, *, softcap=0.0, z_loss_scale=0.0, logit_scale=1.0, return_lse=False,
                   return_z_loss=False, inplace=False):
@@ -251,8 +253,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         after the call (the counter is shared by every view of a tensor: two in-place calls on views of one tensor
         raise, as torch's own checks do; give each call logits of its own). The gradient can be handed over once:
         a second backward through a retained graph, or create_graph=True, raises. Honoured for class-index
-        targets in plain eager mode; under torch.compile, torch.func, a torch function mode, autocast's float32
-        loss of 16-bit logits, or with probability targets the gradient gets a buffer of its own.
+        targets in plain eager mode (a torch function mode sees the call and runs it so); under torch.compile,
+        torch.func, compiled autograd, autocast's float32 loss of 16-bit logits, or with probability targets the
+        gradient gets a buffer of its own.
     Targets may be class indices of any integer dtype (uint8 .. int64), read without conversion.
     Precision: the loss and the gradient keep the precision of the logits' differences whatever their common offset
     (as torch's log_softmax). A gradient made in backward from the saved lse (reduction 'none', and the rarer roads
@@ -316,7 +319,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         raise ArgumentError("lossfuse: cross_entropy_loss: inplace: expected reduction 'mean' or 'sum' (the gradient "
                             "is written in the forward pass, before a per-row upstream gradient exists), got 'none'")
     args = (input, target, weight) + args
-    if compute_grad and not soft and loss_dtype == input.dtype and _plain_eager(args) and not forward_ad_active():
+    if (compute_grad and not soft and loss_dtype == input.dtype and _plain_eager(args) and not forward_ad_active()
+            and not compiled_autograd_on()):
         # a training step in plain eager mode: the autograd node is C++ (see _cross_entropy_eager in
         # csrc/cross_entropy_ops.cpp), same kernel and same gradient as the registered op's; it returns the loss in
         # the input's dtype (not autocast's float32)
@@ -435,6 +439,7 @@ def _fit_class_dims(input, target, soft, same_shape_is_soft=False):
     return input, target, (lambda t: t.reshape(rows) if t.dim() == 2 else t)
 
 
+@overridable
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """torch.nn.functional.nll_loss; targets of any integer dtype."""
     check_optional_tensors("nll_loss", ("weight", 3, weight))

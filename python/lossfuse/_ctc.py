@@ -5,8 +5,8 @@ import operator
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, autocast_float32, new_grad, new_loss, reduction_code, to_input_dtype, ops,
-                      register_autograd)
+from ._common import (acc_dtype, autocast_float32, new_grad, new_loss, ops, overridable, reduction_code,
+                      register_autograd, to_input_dtype)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 
@@ -96,6 +96,7 @@ def _lengths(lengths, name, like):
                     f"{type(lengths).__name__}" + (" of non-integers" if isinstance(lengths, (list, tuple)) else ""))
 
 
+@overridable
 def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
              target_lengths: torch.Tensor, blank: int = 0, reduction: str = "mean",
              zero_infinity: bool = False) -> torch.Tensor:

@@ -15,7 +15,8 @@ import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
 from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
-                      graph_needed, in_acc_dtype, new_grad, new_loss, ops, reduction_code, register_autograd)
+                      graph_needed, in_acc_dtype, new_grad, new_loss, ops, overridable, reduction_code,
+                      register_autograd)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -240,6 +241,7 @@ def _finish(loss, shape, reduction, dtype):
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------------
 
 
+@overridable
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.binary_cross_entropy: -w [y log x + (1 - y) log(1 - x)], each log clamped to >= -100;
     weighted mean = mean(w l). input and target of one shape and one floating dtype; every input and target element
@@ -264,6 +266,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _finish(_ops.binary_cross_entropy(x, t, w, red), shape, red, input.dtype)
 
 
+@overridable
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
     """torch.nn.functional.binary_cross_entropy_with_logits: -w [pw y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))],
@@ -296,6 +299,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return _finish(_ops.binary_cross_entropy_with_logits(x, t, w, pw, red), shape, red, dtype)
 
 
+@overridable
 def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
                      reduction="mean"):
     """torch.nn.functional.poisson_nll_loss: exp(x) - y x (log_input), else x - y log(x + eps); full adds
@@ -337,6 +341,7 @@ def _gaussian_var(input, var):
     return var
 
 
+@overridable
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     """torch.nn.functional.gaussian_nll_loss: 0.5 (log max(var, eps) + (x - y)^2 / max(var, eps)), plus
     0.5 log(2 pi) when full. var: a float, a tensor of the input's shape, of the input's shape without its last dim,

@@ -7,7 +7,8 @@ import torch.nn as _tnn
 
 from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, check_class_weight_dtype,
                       class_target_mean, differentiable_grads, graph_needed, in_acc_dtype, is_eager, lse_dtype,
-                      new_grad, ops, reduction_code, register_autograd, torch_label_smoothing, upstream_not_finite)
+                      new_grad, ops, overridable, reduction_code, register_autograd, torch_label_smoothing,
+                      upstream_not_finite)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -143,6 +144,7 @@ def _reference_loss(logits, target, weight, args):
     return class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, bool(label_smoothing or z_loss_scale))
 
 
+@overridable
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, options=None, softcap=0.0, z_loss_scale=0.0,
                          logit_scale=1.0, return_lse=False, strategy="auto", chunk_rows=0,
@@ -201,7 +203,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         # (no class: the logits (N, 0) hold nothing, and cross_entropy takes them as torch does)
         if linear_weight.shape[0] != 0 and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
             warnings.warn("lossfuse.linear_cross_entropy: probability targets and multi-dimensional weights are "
-                          "computed from the full logits", stacklevel=2)
+                          "computed from the full logits", stacklevel=3)  # above overridable()
         from ._cross_entropy import cross_entropy
         classes, *out, hidden = linear_weight.shape
         logits = torch.nn.functional.linear(input, linear_weight.reshape(-1, hidden),
@@ -214,8 +216,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
     check_class_weight_dtype("linear_cross_entropy", weight, input)  # as torch's cross_entropy of the logits
     lead = input.shape[:-1]
-    x = input.reshape(lead.numel(), input.shape[-1])
-    t = target.reshape(lead.numel())
+    # (N, H) as it is, (H) as one row: no product of sizes, which would make torch.export specialize a dynamic N
+    x, t = (input, target) if input.dim() == 2 else (input.unsqueeze(0), target.reshape(1))
     if x.stride(-1) != 1:
         # an empty tensor counts as contiguous whatever its strides: the clone gets the plain ones
         x = x.contiguous() if x.numel() else x.clone(memory_format=torch.contiguous_format)

@@ -19,7 +19,7 @@ import torch.nn as _tnn
 
 from ._common import (autocast_float32, check_class_weight_dtype, check_optional_tensors, check_tensors,
                       differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
-                      reduction_code, register_autograd, sign_target)
+                      overridable, reduction_code, register_autograd, sign_target)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -258,6 +258,7 @@ def _check_class_input(name, input):
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------------
 
 
+@overridable
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
                         reduce=None, reduction="mean"):
     """torch.nn.functional.triplet_margin_loss: max(0, margin + d(a, p) - d(a, n)) per row of the last dim, with
@@ -304,6 +305,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     return _finish(_ops.triplet_margin_loss(a, pos, neg, margin, p, eps, swap, red), rows, red, dtype)
 
 
+@overridable
 def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.cosine_embedding_loss: 1 - cos(x1, x2) where target == 1, max(0, cos - margin) where
     target == -1, 0 elsewhere; (N, D) inputs with a (N) target or (D) inputs with a 0-d one, broadcast. No gradient
@@ -333,6 +335,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
     return _finish(_ops.cosine_embedding_loss(x1, x2, t, margin, red), None, red, dtype)
 
 
+@overridable
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
                       reduction="mean"):
     """torch.nn.functional.multi_margin_loss: sum_{j != y} w_y max(0, margin - x_y + x_j)^p / C per sample, for
@@ -372,6 +375,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     return _finish(loss, None, red, input.dtype)
 
 
+@overridable
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.multilabel_margin_loss: per row, the labels are the target entries before the first -1;
     sum over labels j and non-labels i of max(0, 1 - x_j + x_i) / C. (N, C) or (C) inputs; also float16/bfloat16
@@ -392,6 +396,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
     return _finish(_ops.multilabel_margin_loss(x, target.reshape(x.shape), red), None, red, input.dtype)
 
 
+@overridable
 def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.multilabel_soft_margin_loss: -(1/C) sum_c w_c [y log sigmoid(x) + (1 - y) log
     sigmoid(-x)] per row of the last dim; the target broadcasts with the input and is differentiated too, as

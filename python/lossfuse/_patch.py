@@ -49,7 +49,9 @@ def patch_torch():
         if hasattr(F, name):
             if name not in _saved:
                 _saved[name] = getattr(F, name)
-                setattr(F, name, _routed(getattr(_lf, name), _saved[name]))
+                # lossfuse's function below its __torch_function__ wrapper (overridable): the calls that protocol
+                # serves go to torch's function, and a warning's stack level is the same as in a direct call
+                setattr(F, name, _routed(getattr(_lf, name).__wrapped__, _saved[name]))
             names.append(name)
     return names
 

@@ -16,7 +16,7 @@ import torch.nn as _tnn
 
 from ._common import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors,
                       differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
-                      reduction_code, register_autograd, sign_target)
+                      overridable, reduction_code, register_autograd, sign_target)
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -240,7 +240,7 @@ def _warn_if_sizes_differ(input, target):
             f"Using a target size ({target.size()}) that is different to the input size ({input.size()}). "
             "This will likely lead to incorrect results due to broadcasting. "
             "Please ensure they have the same size.",
-            stacklevel=3,
+            stacklevel=4,  # the caller of the public function, above its overridable() wrapper
         )
 
 
@@ -343,6 +343,7 @@ def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weigh
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------------
 
 
+@overridable
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """torch.nn.functional.mse_loss: (input - target)^2, weighted mean = sum(w l) / sum(w)."""
     check_optional_tensors("mse_loss", ("weight", 6, weight))
@@ -359,6 +360,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
                           out_dtype=torch.float32 if direct else None)
 
 
+@overridable
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """torch.nn.functional.l1_loss: |input - target|, weighted mean = sum(w l) / sum(w)."""
     check_optional_tensors("l1_loss", ("weight", 6, weight))
@@ -396,6 +398,7 @@ def _composed_loss(f, input, target, weight, red):
     return d if red == 0 else (torch.sum(d) if red == 2 else torch.mean(d))
 
 
+@overridable
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta."""
     _warn_if_sizes_differ(input, target)
@@ -418,6 +421,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return _finish(_ops.smooth_l1_loss(x, t, red, beta), shape, red, torch.float32 if direct else dtype)
 
 
+@overridable
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     """torch.nn.functional.huber_loss: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta); weighted mean =
     mean(w l). The loss in the input's dtype (a weight can promote it), as torch; computed in the dtype the target
@@ -453,6 +457,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
                           out_dtype=torch.float32 if direct else out)
 
 
+@overridable
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     """torch.nn.functional.kl_div: target (log target - input), or exp(target) (target - input) with log_target;
     'batchmean' divides the sum by input.size(0)."""
@@ -466,7 +471,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
                 "reduction: 'mean' divides the total loss by both the batch size and the support size."
                 "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
                 "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
-                stacklevel=2,
+                stacklevel=3,  # the caller, above overridable()'s wrapper
             )
         red = 2 if reduction == "batchmean" else reduction_code(reduction)
     batchmean = reduction == "batchmean"
@@ -486,6 +491,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     return _finish(loss, shape, red, dtype)
 
 
+@overridable
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.hinge_embedding_loss: input where target == 1, max(0, margin - input) where target == -1,
     both summed for any other target. Computed in the input's dtype; no gradient for the target, as torch."""
@@ -502,6 +508,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     return _finish(_ops.hinge_embedding_loss(x, t, margin, red), shape, red, dtype)
 
 
+@overridable
 def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, reduce=None, reduction="mean"):
     """torch.nn.functional.margin_ranking_loss: max(0, -target (input1 - input2) + margin); operands of one number
     of dims, broadcast."""

@@ -71,7 +71,7 @@ def test_patch_torch_routes_and_restores():
     original = F.cross_entropy
     try:
         names = lossfuse.patch_torch()
-        assert "cross_entropy" in names and F.cross_entropy.__wrapped__ is LF.cross_entropy
+        assert "cross_entropy" in names and F.cross_entropy.__wrapped__ is LF.cross_entropy.__wrapped__
         lossfuse.patch_torch()  # twice is harmless
         x = torch.randn(4, 10, requires_grad=True)
         t = torch.tensor([1, 2, 3, 4])
@@ -133,6 +133,60 @@ def test_patch_torch_leaves_overrides_subclasses_and_other_devices_to_torch(monk
         lossfuse.unpatch_torch()
 
 
+class _Answering(torch.Tensor):
+    """A subclass answering every call with the called function's name."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return getattr(func, "__name__", None)
+
+
+def test_functions_follow_the_torch_function_protocol():
+    """Every lossfuse.nn.functional function hands a call with an overriding operand (a subclass, a torch.fx proxy)
+    or under a torch function mode to the override, as torch.nn.functional's do: torch.fx traces a model holding
+    lossfuse's loss modules."""
+    for name in LF.__all__:
+        fn = getattr(LF, name)
+        required = [p for p in inspect.signature(fn).parameters.values()
+                    if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+        operand = torch.zeros(2).as_subclass(_Answering)
+        assert fn(*[operand] * len(required)) == name, name
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 5)
+            self.crit = lossfuse.nn.CrossEntropyLoss(label_smoothing=0.1)
+
+        def forward(self, x, y):
+            return self.crit(self.lin(x), y) + LF.mse_loss(x, 2 * x)
+
+    model = Model()
+    traced = torch.fx.symbolic_trace(model)
+    targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    assert LF.cross_entropy in targets and LF.mse_loss in targets
+    x, y = torch.randn(6, 4), torch.randint(0, 5, (6,))
+    torch.testing.assert_close(traced(x, y), model(x, y))
+
+
+def test_warnings_name_the_caller():
+    """lossfuse's warnings (as torch's) are attributed to the line that called the loss, directly or patched."""
+    x, t = torch.randn(3, 4), torch.randn(4)
+    calls = [lambda: LF.mse_loss(x, t), lambda: LF.kl_div(x, x),
+             lambda: LF.linear_cross_entropy(x, torch.randn(5, 4), torch.rand(3, 5))]
+    for call in calls:
+        with pytest.warns(UserWarning) as record:
+            call()
+        assert record[0].filename == __file__
+    try:
+        lossfuse.patch_torch()
+        with pytest.warns(UserWarning, match="target size") as record:
+            F.mse_loss(x, t)
+        assert record[0].filename == __file__
+    finally:
+        lossfuse.unpatch_torch()
+
+
 def test_results_identical_for_any_torch_thread_count():
     torch.manual_seed(0)
     x = torch.randn(512, 3000, requires_grad=True)
@@ -189,8 +243,9 @@ def _lossfuse_node(t):
 
 
 def test_eager_fast_path_takes_parameters_and_leaves_tracers_to_the_op():
-    """Plain eager calls (parameters included) run lossfuse's own autograd.Function; a tensor subclass or an active
-    mode gets the registered op, whose autograd is torch.library's."""
+    """Plain eager calls (parameters included) run lossfuse's own autograd.Function; a tensor subclass gets the
+    registered op, whose autograd is torch.library's. An active torch function mode sees the function's call (as
+    torch.nn.functional's), which it runs with itself disabled: a plain eager call then."""
     lin = torch.nn.Linear(8, 5)
     x = torch.randn(6, 8, requires_grad=True)
     t = torch.randint(0, 5, (6,))
@@ -205,13 +260,10 @@ def test_eager_fast_path_takes_parameters_and_leaves_tracers_to_the_op():
     xs = torch.randn(4, 5).as_subclass(Sub).requires_grad_()
     loss = LF.cross_entropy(xs, torch.tensor([0, 1, 2, 3]))
     assert _lossfuse_node(loss).startswith("GeneratedBackwardFor_lossfuse"), _lossfuse_node(loss)
-    class PassThrough(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    with PassThrough():
+    mode = _Recording()
+    with mode:
         loss = LF.mse_loss(x, torch.randn(6, 8))
-    assert _lossfuse_node(loss).startswith("GeneratedBackwardFor_lossfuse"), _lossfuse_node(loss)
+    assert mode.names[-1] == "mse_loss" and _lossfuse_node(loss).startswith("lossfuse_"), _lossfuse_node(loss)
 
 
 @pytest.mark.parametrize("name", ["cross_entropy", "linear_cross_entropy", "mse_loss", "gaussian_nll_loss",

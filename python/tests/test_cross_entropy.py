@@ -798,8 +798,9 @@ def test_training_call_fast_path_is_the_general_road(monkeypatch, dtype, options
 
 
 def test_training_call_fast_path_not_taken_elsewhere(monkeypatch):
-    """Where the general road goes elsewhere (no grad, autocast casting, a mode, forward AD, torch.func, legacy or
-    extra arguments, a Parameter, unbatched logits), the fast path is not taken."""
+    """Where the general road goes elsewhere (no grad, autocast casting, forward AD, torch.func, legacy or extra
+    arguments, a Parameter, unbatched logits), the fast path is not taken. (A torch function mode sees the function's
+    call and runs it with itself disabled: a plain eager call then.)"""
     import torch.autograd.forward_ad as fwAD
     from lossfuse import _cross_entropy as ce_module
     real = ce_module._training_step_eager
@@ -811,8 +812,6 @@ def test_training_call_fast_path_not_taken_elsewhere(monkeypatch):
         LF.cross_entropy(x, t)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert LF.cross_entropy(x.bfloat16(), t).dtype == torch.float32
-    with _PassThroughMode():
-        LF.cross_entropy(x, t)
     with fwAD.dual_level():
         LF.cross_entropy(fwAD.make_dual(x, torch.ones_like(x)), t)
     torch.func.grad(lambda a: LF.cross_entropy(a, t))(x.detach())
@@ -981,20 +980,19 @@ def test_inplace_is_safe_where_the_logits_are_needed_again():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
-@pytest.mark.parametrize("where", ["no_grad", "no_requires_grad", "compile", "autocast", "probabilities",
-                                   "function_mode"])
+@pytest.mark.parametrize("where", ["no_grad", "no_requires_grad", "compile", "autocast", "probabilities"])
 def test_inplace_elsewhere_leaves_the_logits(where):
-    """Where the logits need no gradient, or the call is traced or cast (torch.compile, a torch function mode,
-    autocast's float32 loss of bfloat16 logits) or the targets are probabilities, inplace=True writes nothing
-    over the logits, and the loss and gradient are inplace=False's."""
+    """Where the logits need no gradient, or the call is traced or cast (torch.compile, autocast's float32 loss of
+    bfloat16 logits) or the targets are probabilities, inplace=True writes nothing over the logits, and the loss and
+    gradient are inplace=False's."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 20, generator=g, dtype=torch.bfloat16 if where == "autocast" else torch.float32)
     x.requires_grad_(where != "no_requires_grad")
     y = torch.randn(6, 20, generator=g).softmax(1) if where == "probabilities" else torch.randint(0, 20, (6,),
                                                                                                    generator=g)
     fn = _compiled(LF.cross_entropy) if where == "compile" else LF.cross_entropy
-    ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-           "function_mode": _PassThroughMode}.get(where, contextlib.nullcontext)
+    ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}.get(
+        where, contextlib.nullcontext)
     results = []
     for inplace in (False, True):
         z = x * 1
@@ -1006,6 +1004,53 @@ def test_inplace_elsewhere_leaves_the_logits(where):
         results.append((loss, *grads))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["buffer", "inplace"])
+def test_compiled_autograd_switched_on_for_backward(inplace):
+    """Compiled autograd switched on after the eager forward runs the C++ node's backward (it asserted against the
+    node's non-differentiable outputs): the gradient is eager's, handed over once; a retained graph's second backward
+    makes a new one (inplace: raises, as in eager)."""
+    from torch._dynamo import compiled_autograd
+    x = torch.randn(8, 10, requires_grad=True)
+    t = torch.tensor([0, 3, -100, 9, 1, 1, 5, 2])
+    want = torch.autograd.grad(F.cross_entropy(x * 1, t, label_smoothing=0.1) * 2, x)[0]
+    loss = LF.cross_entropy(x * 1, t, label_smoothing=0.1, inplace=inplace)
+    for backward in range(2):
+        x.grad = None
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            if inplace and backward == 1:
+                with pytest.raises(RuntimeError, match="handed over"):
+                    (loss * 2).backward()
+                break
+            (loss * 2).backward(retain_graph=True)
+        torch.testing.assert_close(x.grad, want)
+
+
+@torch._dynamo.config.patch(compiled_autograd=True)
+def test_compiled_autograd_configured_before_the_forward():
+    """With torch._dynamo.config.compiled_autograd on, a compiled step's backward of a loss computed eagerly (behind
+    torch.compiler.disable) works and gives eager's gradients (it asserted in torch's C++ node support)."""
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(6, 5)
+    x, t = torch.randn(4, 6), torch.tensor([0, 4, -100, 2])
+
+    @torch.compiler.disable
+    def loss_of(out):
+        return LF.cross_entropy(out, t)
+
+    @torch.compile(backend="eager")
+    def step():
+        loss = loss_of(lin(x))
+        loss.backward()
+        return loss
+
+    step()
+    got = lin.weight.grad.clone()
+    lin.weight.grad = None
+    F.cross_entropy(lin(x), t).backward()
+    torch.testing.assert_close(got, lin.weight.grad)
+    torch._dynamo.reset()
 
 
 def test_inplace_module():

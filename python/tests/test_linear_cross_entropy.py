@@ -275,6 +275,27 @@ def test_opcheck(grad_mask):
     torch.library.opcheck(ops.linear_cross_entropy.default, tiled)
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
+def test_export_with_a_dynamic_batch(strict):
+    """torch.export of a module calling linear_cross_entropy keeps the batch dim dynamic (it was specialized to the
+    example's size in non-strict export), and the exported program gives eager's results at other sizes."""
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(50, 16))
+
+        def forward(self, x, t):
+            return LF.linear_cross_entropy(x, self.w, t, label_smoothing=0.1)
+
+    head = Head()
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    example = (torch.randn(8, 16), torch.randint(0, 50, (8,)))
+    program = torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}), strict=strict)
+    for n in (5, 33):
+        x, t = torch.randn(n, 16), torch.randint(0, 50, (n,))
+        torch.testing.assert_close(program.module()(x, t), head(x, t))
+
+
 def test_torch_compile():
     x, w, b, t = make(16, 8, 40, torch.float32, seed=8)
     w.requires_grad_()
