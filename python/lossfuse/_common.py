@@ -124,7 +124,9 @@ def overridable(fn):
     @functools.wraps(fn)
     def public(*args, **kwargs):
         operands = (*args, *kwargs.values()) if kwargs else args
-        if _has_torch_function(operands):
+        # (torch's subclass handling switched off, as inside a subclass's super().__torch_function__: no override;
+        # Dynamo's has_torch_function does not see that switch)
+        if torch._C._is_torch_function_enabled() and _has_torch_function(operands):
             relevant = tuple(a for a in operands if hasattr(type(a), "__torch_function__"))
             return torch.overrides.handle_torch_function(public, relevant, *args, **kwargs)
         return fn(*args, **kwargs)

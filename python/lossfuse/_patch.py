@@ -9,18 +9,22 @@ from .nn import functional as _lf
 
 _saved = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# tensors of tracing (non-strict torch.export, make_fx, AOTAutograd), which lossfuse's fake implementations serve
+_TRACING = (torch._subclasses.fake_tensor.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor)
 _DEVICES = ("cpu", "meta")  # where lossfuse's ops have kernels (meta: shapes only, as torch.compile traces them)
 
 
 def _torch_takes(args, kwargs):
     """Whether a call is left to torch's own function: a tensor on a device lossfuse has no kernels for (CUDA...), a
     tensor subclass (DTensor, FX's proxies, a subclass with its own __torch_function__: torch's function gives them
-    its override protocol), or an active torch function mode (torch's function hands the call to the mode, which
-    calls the patched function again with itself disabled)."""
+    its override protocol; but the fake and functional tensors of tracing stay with lossfuse), or an active torch
+    function mode (torch's function hands the call to the mode, which calls the patched function again with itself
+    disabled: lossfuse then)."""
     operands = (*args, *kwargs.values())
     if torch.overrides.has_torch_function(operands):  # an override (FX's Proxy is no tensor) or a mode
         return True
-    return any(isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type not in _DEVICES)
+    return any(isinstance(a, torch.Tensor) and ((type(a) not in _PLAIN and not isinstance(a, _TRACING))
+                                                 or a.device.type not in _DEVICES)
                for a in operands)
 
 
@@ -39,10 +43,11 @@ def patch_torch():
     """Replaces each torch.nn.functional loss lossfuse provides with lossfuse's; returns the names replaced.
 
     torch.nn's loss modules call torch.nn.functional at run time, so they follow. Calling it twice is harmless.
-    Calls lossfuse cannot serve stay with torch's own function: tensors on another device than the CPU, tensor
-    subclasses (DTensor, torch.fx's tracing proxies, subclasses overriding __torch_function__) and calls under a torch
-    function mode (which torch's function hands to the mode, as torch does). torch.jit.script of code calling a
-    patched function fails (TorchScript cannot compile it): script before patching, or after unpatch_torch().
+    Calls lossfuse cannot serve stay with torch's own function: tensors on another device than the CPU and tensor
+    subclasses (DTensor, torch.fx's tracing proxies, subclasses overriding __torch_function__). Under a torch function
+    mode, torch's function hands the call to the mode, as torch does, and the mode's own call runs lossfuse.
+    torch.jit.script of code calling a patched function fails (TorchScript cannot compile it): script before
+    patching, or after unpatch_torch().
     """
     names = []
     for name in _lf.__all__:

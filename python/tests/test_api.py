@@ -118,7 +118,9 @@ def test_patch_torch_leaves_overrides_subclasses_and_other_devices_to_torch(monk
     try:
         lossfuse.patch_torch()
         assert F.mse_loss(a.as_subclass(_Overriding), b.as_subclass(_Overriding)).item() == 42.0
-        assert F.mse_loss(a.as_subclass(_Plain), b.as_subclass(_Plain)).grad_fn is None  # torch's, no requires_grad
+        plain = a.as_subclass(_Plain).requires_grad_()
+        node = F.mse_loss(plain, b.as_subclass(_Plain)).grad_fn  # the result's as_subclass, then the loss's node
+        assert node.name() == "AliasBackward0" and node.next_functions[0][0].name() == "MseLossBackward0"  # torch's
         traced = torch.fx.symbolic_trace(lambda u, v: F.mse_loss(u, v))
         torch.testing.assert_close(traced(a, b), F.mse_loss(a, b))
         mode = _Recording()
@@ -167,6 +169,37 @@ def test_functions_follow_the_torch_function_protocol():
     assert LF.cross_entropy in targets and LF.mse_loss in targets
     x, y = torch.randn(6, 4), torch.randint(0, 5, (6,))
     torch.testing.assert_close(traced(x, y), model(x, y))
+
+
+class _Deferring(torch.Tensor):
+    """A subclass whose __torch_function__ defers to torch's default."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_protocol_under_compile_and_tracing():
+    """torch.compile(fullgraph=True) of a loss of a subclass deferring to torch's default traces (the protocol's
+    inner call re-entered handle_torch_function under Dynamo); patched, the fake tensors of non-strict export and
+    make_fx stay with lossfuse's op (they went to torch's kernels)."""
+    x, t = torch.randn(4, 5), torch.tensor([0, 4, 2, 1])
+    got = torch.compile(lambda u: LF.mse_loss(u, 2 * u), backend="aot_eager", fullgraph=True)(x.as_subclass(_Deferring))
+    assert type(got) is _Deferring
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), F.mse_loss(x, 2 * x))
+
+    class Loss(torch.nn.Module):
+        def forward(self, u, v):
+            return F.cross_entropy(u, v)
+
+    try:
+        lossfuse.patch_torch()
+        graphs = [torch.export.export(Loss(), (x, t), strict=False).graph,
+                  torch.fx.experimental.proxy_tensor.make_fx(Loss(), tracing_mode="fake")(x, t).graph]
+    finally:
+        lossfuse.unpatch_torch()
+    for graph in graphs:
+        assert any("lossfuse.cross_entropy" in str(n.target) for n in graph.nodes), graph
 
 
 def test_warnings_name_the_caller():
