@@ -299,6 +299,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if soft and weight is not None and weight.is_floating_point():
         # torch's probability-target loss is -(log_softmax(x) * p * w).sum(): the class weights promote it too
         loss_dtype = torch.promote_types(loss_dtype, weight.dtype)
+    if inplace and red == 0 and input.requires_grad and torch.is_grad_enabled():
+        raise ArgumentError("lossfuse: cross_entropy_loss: inplace: expected reduction 'mean' or 'sum' (the gradient "
+                            "is written in the forward pass, before a per-row upstream gradient exists), got 'none'")
     if input.shape[1 if input.dim() >= 2 else 0] == 0:
         loss, lse, z_loss = _no_class("cross_entropy_loss", input, target, weight, red, ignore_index, soft,
                                       label_smoothing, z_loss_scale)
@@ -315,9 +318,6 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return _ce_outputs(loss, lse, z_loss, loss_dtype, return_lse, return_z_loss, acc_dtype(input))
     input, target = fitted, fitted_target
     compute_grad = (red != 0 and input.requires_grad and torch.is_grad_enabled())
-    if inplace and red == 0 and input.requires_grad and torch.is_grad_enabled():
-        raise ArgumentError("lossfuse: cross_entropy_loss: inplace: expected reduction 'mean' or 'sum' (the gradient "
-                            "is written in the forward pass, before a per-row upstream gradient exists), got 'none'")
     args = (input, target, weight) + args
     if (compute_grad and not soft and loss_dtype == input.dtype and _plain_eager(args) and not forward_ad_active()
             and not compiled_autograd_on()):

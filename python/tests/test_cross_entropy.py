@@ -194,6 +194,8 @@ def test_no_class_extras():
     assert loss.item() == math.inf and z.item() == math.inf
     loss, z = LF.cross_entropy(x, torch.empty(3, 0), reduction="sum", return_z_loss=True)
     assert loss.item() == 0.0 and z.item() == 0.0
+    with pytest.raises(ValueError, match="inplace: expected reduction 'mean' or 'sum'"):  # as for C > 0
+        LF.cross_entropy(x.requires_grad_(), torch.full((3,), -100), reduction="none", inplace=True)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
