@@ -5,6 +5,8 @@
 //   lossfuse bench-torch [options]
 //                              runs python/bench/torch_bench.py (lossfuse's cross_entropy against PyTorch's,
 //                              eager and compiled) with the source tree's .venv/bin/python, forwarding the options.
+//   lossfuse catalog [--csv | --markdown]
+//                              prints which (loss, dtype, device, direction) this build implements.
 //   lossfuse bench-linear [options]
 //                              runs python/bench/linear_bench.py (lossfuse's fused linear_cross_entropy against
 //                              PyTorch's linear_cross_entropy, the unfused path and the GEMMs alone) the same way.
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "lossfuse/catalog.hpp"
 #include "lossfuse/parallel.hpp"
 
 #ifndef LOSSFUSE_SOURCE_DIR
@@ -93,6 +96,8 @@ void print_usage(std::ostream& os) {
         "  bench-linear time lossfuse's fused linear_cross_entropy against PyTorch's, the unfused\n"
         "               cross_entropy(x @ W.T + b) and the three GEMMs alone, with peak memory\n"
         "               (runs python/bench/linear_bench.py the same way)\n"
+        "  catalog      list which (loss, dtype, device, direction) this build implements (--csv, --markdown:\n"
+        "               the README's support table)\n"
         "  help         this help (also -h, --help)\n"
         "\n"
         "'lossfuse <command> --help' describes a command's options.\n";
@@ -282,6 +287,26 @@ int bench_linear_command(std::span<const std::string_view> args) {
   return run_python_script("bench-linear", "linear_bench.py", args);
 }
 
+int catalog_command(std::span<const std::string_view> args) {
+  lossfuse::CatalogFormat format = lossfuse::CatalogFormat::lines;
+  for (const std::string_view a : args) {
+    if (a == "--csv") {
+      format = lossfuse::CatalogFormat::csv;
+    } else if (a == "--markdown") {
+      format = lossfuse::CatalogFormat::markdown;
+    } else if (a == "-h" || a == "--help") {
+      std::cout << "usage: lossfuse catalog [--csv | --markdown]\n\nPrints one line per implemented (loss, dtype, "
+                   "device, direction); --csv adds a header line, --markdown prints the README's support table.\n";
+      return 0;
+    } else {
+      std::cerr << "lossfuse catalog: takes --csv or --markdown, got '" << a << "'\n";
+      return kUsageError;
+    }
+  }
+  std::cout << lossfuse::catalog_text(format);
+  return 0;
+}
+
 struct Command {
   std::string_view name;
   int (*run)(std::span<const std::string_view> args);
@@ -291,6 +316,7 @@ constexpr Command kCommands[] = {
     {"bench", bench_command},
     {"bench-torch", bench_torch_command},
     {"bench-linear", bench_linear_command},
+    {"catalog", catalog_command},
 };
 
 }  // namespace

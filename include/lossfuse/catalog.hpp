@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "lossfuse/dtype.hpp"
@@ -31,5 +32,13 @@ struct OpEntry {
 // Every implemented entry, in a fixed order.
 [[nodiscard]] std::span<const OpEntry> implemented_ops() noexcept;
 [[nodiscard]] bool is_implemented(LossKind kind, DType dtype, Device device, Direction direction) noexcept;
+
+// The catalog as text (`lossfuse catalog`, lossfuse.catalog() in Python, README's support table):
+//   lines:    one entry per line, "cross_entropy float32 cpu forward"
+//   csv:      the same with a header line "loss,dtype,device,direction"
+//   markdown: one row per loss, one column per float dtype, cells such as "cpu: fwd, bwd, fused" (a device absent
+//             from a loss's row has no entry for it; "-" when the dtype has none at all)
+enum class CatalogFormat : std::uint8_t { lines, csv, markdown };
+[[nodiscard]] std::string catalog_text(CatalogFormat format);
 
 }  // namespace lossfuse

@@ -9,7 +9,7 @@ namespace lossfuse {
 enum class LossKind : std::uint8_t {
   mse, nll, cross_entropy, bce, kl_div, l1, smooth_l1, hinge_embedding, margin_ranking, triplet_margin,
   ctc, poisson_nll, huber, bce_with_logits, gaussian_nll, cosine_embedding, multi_margin, multilabel_margin,
-  multilabel_soft_margin, fused_linear_cross_entropy,
+  multilabel_soft_margin, linear_cross_entropy,
 };
 
 inline constexpr int kNumLossKinds = 20;
@@ -18,7 +18,7 @@ constexpr std::string_view loss_kind_name(LossKind k) noexcept {
   constexpr std::string_view names[kNumLossKinds] = {
       "mse", "nll", "cross_entropy", "bce", "kl_div", "l1", "smooth_l1", "hinge_embedding", "margin_ranking",
       "triplet_margin", "ctc", "poisson_nll", "huber", "bce_with_logits", "gaussian_nll", "cosine_embedding",
-      "multi_margin", "multilabel_margin", "multilabel_soft_margin", "fused_linear_cross_entropy"};
+      "multi_margin", "multilabel_margin", "multilabel_soft_margin", "linear_cross_entropy"};
   const auto i = static_cast<int>(k);
   return i < kNumLossKinds ? names[i] : std::string_view("?");
 }

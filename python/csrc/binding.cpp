@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lossfuse/catalog.hpp"
 #include "lossfuse/parallel.hpp"
 
 namespace lossfuse::torch_binding {
@@ -307,6 +308,9 @@ std::int64_t parallel_threads(std::int64_t n) {
   return static_cast<std::int64_t>(seen.size());
 }
 
+// The op catalog as CSV (lossfuse.catalog()).
+std::string catalog_csv() { return lossfuse::catalog_text(lossfuse::CatalogFormat::csv); }
+
 }  // namespace
 
 }  // namespace lossfuse::torch_binding
@@ -315,6 +319,7 @@ TORCH_LIBRARY(lossfuse, m) {
   m.def("rescale_grad_(Tensor(a!) grad, Tensor(b!) applied, Tensor grad_output) -> ()");
   m.def("_parallel_threads(int n) -> int");
   m.def("_empty_cache() -> ()");
+  m.def("_catalog() -> str");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
@@ -322,4 +327,5 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);
   m.impl("_empty_cache", &lossfuse::torch_binding::empty_cache);
+  m.impl("_catalog", &lossfuse::torch_binding::catalog_csv);
 }

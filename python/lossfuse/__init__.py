@@ -8,6 +8,8 @@ kernels are registered as torch custom ops under `torch.ops.lossfuse`. A bad arg
 loss and the argument); a bad class index raises IndexError.
 """
 
+import collections as _collections
+
 import torch as _torch
 
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
@@ -20,7 +22,10 @@ from ._patch import patch_torch, unpatch_torch
 
 _register_vmap_rules()  # after every op above is defined
 
-__all__ = ["nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError", "cache_key_tag"]
+__all__ = [
+    "nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError", "cache_key_tag", "catalog",
+    "CatalogEntry",
+]
 __version__ = "0.1.0"
 
 # This build's digest, added to torch.compiler.config.cache_key_tag at import (see _library): include it in a tag set
@@ -32,3 +37,14 @@ def empty_cache():
     """Unmaps the output blocks lossfuse keeps for reuse (the last freed gradients of 1 MiB or more; at most four), as
     torch.cuda.empty_cache() does for torch's CUDA cache. LOSSFUSE_KEEP_BLOCK=0 keeps none."""
     _torch.ops.lossfuse._empty_cache()
+
+
+CatalogEntry = _collections.namedtuple("CatalogEntry", ["loss", "dtype", "device", "direction"])
+
+
+def catalog():
+    """Every (loss, dtype, device, direction) the kernels implement, as the C++ catalog lists them (`lossfuse catalog`
+    prints the same): a list of CatalogEntry, e.g. CatalogEntry('cross_entropy', 'float32', 'cpu', 'forward').
+    direction is 'forward', 'backward' or 'forward_backward' (loss and gradient in one pass)."""
+    lines = _torch.ops.lossfuse._catalog().splitlines()
+    return [CatalogEntry(*line.split(",")) for line in lines[1:]]

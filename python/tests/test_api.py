@@ -652,3 +652,30 @@ def test_compile_caches_are_tagged_with_this_build(tmp_path):
     assert lib.joined_tag("", first) == first
     assert lib.joined_tag("mine", first) == "mine+" + first
     assert lib.joined_tag("mine+" + first, second) == "mine+" + second
+
+
+# The catalog's loss names -> lossfuse.nn.functional's functions (torch.nn.functional's names).
+CATALOG_FUNCTIONS = {
+    "mse": "mse_loss", "nll": "nll_loss", "cross_entropy": "cross_entropy", "bce": "binary_cross_entropy",
+    "kl_div": "kl_div", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss", "hinge_embedding": "hinge_embedding_loss",
+    "margin_ranking": "margin_ranking_loss", "triplet_margin": "triplet_margin_loss", "ctc": "ctc_loss",
+    "poisson_nll": "poisson_nll_loss", "huber": "huber_loss", "bce_with_logits": "binary_cross_entropy_with_logits",
+    "gaussian_nll": "gaussian_nll_loss", "cosine_embedding": "cosine_embedding_loss", "multi_margin": "multi_margin_loss",
+    "multilabel_margin": "multilabel_margin_loss", "multilabel_soft_margin": "multilabel_soft_margin_loss",
+    "linear_cross_entropy": "linear_cross_entropy",
+}
+
+
+def test_catalog_lists_every_loss_of_the_functional_api():
+    entries = lossfuse.catalog()
+    assert len(entries) == len(set(entries))
+    assert {e.loss for e in entries} == set(CATALOG_FUNCTIONS)
+    for name in CATALOG_FUNCTIONS.values():
+        assert callable(getattr(LF, name)), name
+    for loss in CATALOG_FUNCTIONS:
+        for dtype in ("float32", "float64", "float16", "bfloat16"):
+            directions = {e.direction for e in entries if e.loss == loss and e.dtype == dtype and e.device == "cpu"}
+            fused = {"forward_backward"} if loss in ("cross_entropy", "linear_cross_entropy") else set()
+            assert directions == {"forward", "backward"} | fused, (loss, dtype)
+    assert all(e.device == "cpu" for e in entries)  # no CUDA kernels yet
+    assert entries[0] == lossfuse.CatalogEntry("cross_entropy", "float32", "cpu", "forward")

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
+#include <string>
 
 namespace lossfuse {
 namespace {
@@ -15,15 +16,26 @@ struct Family {
 
 // CPU kernels, each in float32, float64, float16 and bfloat16, forward and backward.
 constexpr Family kFamilies[] = {
-    {LossKind::cross_entropy, true}, {LossKind::nll, false},       {LossKind::ctc, false},
-    {LossKind::mse, false},          {LossKind::l1, false},        {LossKind::smooth_l1, false},
+    {LossKind::cross_entropy, true},
+    {LossKind::nll, false},
+    {LossKind::ctc, false},
+    {LossKind::mse, false},
+    {LossKind::l1, false},
+    {LossKind::smooth_l1, false},
     {LossKind::huber, false},
-    {LossKind::bce, false},          {LossKind::bce_with_logits, false}, {LossKind::kl_div, false},
-    {LossKind::poisson_nll, false},  {LossKind::gaussian_nll, false},    {LossKind::hinge_embedding, false},
+    {LossKind::bce, false},
+    {LossKind::bce_with_logits, false},
+    {LossKind::kl_div, false},
+    {LossKind::poisson_nll, false},
+    {LossKind::gaussian_nll, false},
+    {LossKind::hinge_embedding, false},
     {LossKind::margin_ranking, false},
-    {LossKind::triplet_margin, false}, {LossKind::cosine_embedding, false}, {LossKind::multi_margin, false},
-    {LossKind::multilabel_margin, false}, {LossKind::multilabel_soft_margin, false},
-    {LossKind::fused_linear_cross_entropy, true},
+    {LossKind::triplet_margin, false},
+    {LossKind::cosine_embedding, false},
+    {LossKind::multi_margin, false},
+    {LossKind::multilabel_margin, false},
+    {LossKind::multilabel_soft_margin, false},
+    {LossKind::linear_cross_entropy, true},
 };
 
 constexpr std::size_t count_entries() {
@@ -55,6 +67,49 @@ bool is_implemented(LossKind kind, DType dtype, Device device, Direction directi
   return std::any_of(kEntries.begin(), kEntries.end(), [&](const OpEntry& e) {
     return e.kind == kind && e.dtype == dtype && e.device == device && e.direction == direction;
   });
+}
+
+std::string catalog_text(CatalogFormat format) {
+  std::string out;
+  if (format != CatalogFormat::markdown) {
+    if (format == CatalogFormat::csv) out += "loss,dtype,device,direction\n";
+    const char sep = format == CatalogFormat::csv ? ',' : ' ';
+    for (const OpEntry& e : kEntries) {
+      for (std::string_view part : {loss_kind_name(e.kind), dtype_name(e.dtype), device_name(e.device)}) {
+        out.append(part);
+        out += sep;
+      }
+      out.append(direction_name(e.direction));
+      out += '\n';
+    }
+    return out;
+  }
+  constexpr std::string_view kShort[] = {"fwd", "bwd", "fused"};
+  out += "loss";
+  for (DType t : kFloatDTypes) out.append(" | ").append(dtype_name(t));
+  out += "\n---";
+  for (std::size_t i = 0; i < std::size(kFloatDTypes); ++i) out += " | ---";
+  out += '\n';
+  for (const Family& f : kFamilies) {
+    out.append(loss_kind_name(f.kind));
+    for (DType t : kFloatDTypes) {
+      std::string cell;
+      for (Device dev : {Device::cpu, Device::cuda}) {
+        std::string dirs;
+        for (Direction d : {Direction::forward, Direction::backward, Direction::forward_backward}) {
+          if (!is_implemented(f.kind, t, dev, d)) continue;
+          if (!dirs.empty()) dirs += ", ";
+          dirs.append(kShort[static_cast<int>(d)]);
+        }
+        if (dirs.empty()) continue;
+        if (!cell.empty()) cell += "; ";
+        cell.append(device_name(dev)).append(": ").append(dirs);
+      }
+      out.append(" | ").append(cell.empty() ? "-" : cell);
+    }
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace lossfuse

@@ -1,6 +1,6 @@
 // cosine_embedding entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
+#include "core/backend.hpp"
 #include "core/margin_problem.hpp"
-#include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
 
 namespace lossfuse {
@@ -9,6 +9,7 @@ namespace {
 void run(bool backward, const TensorView& x1, const TensorView& x2, const TensorView& target,
          const CosineEmbeddingOptions& o, const TensorView* loss, const std::optional<TensorView>& grad_loss,
          const std::optional<TensorView>& g1, const std::optional<TensorView>& g2) {
+  const core::Backend& be = core::backend_for(x1, "x1");
   core::check_reduction(o.reduction);
   core::check_view(x1, "x1");
   core::check_floating(x1, "x1");
@@ -38,14 +39,14 @@ void run(bool backward, const TensorView& x1, const TensorView& x2, const Tensor
   core::set_margin_view(p, core::kMvTarget, target, false);
   p.margin = o.margin;
   if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, cpu::cosine_embedding_rows);
+    core::run_margin_forward(p, *loss, o.reduction, be.cosine_embedding);
     return;
   }
   if (g1) p.grad[0] = g1->data, core::set_margin_view(p, core::kMvG0, *g1, true);
   if (g2) p.grad[1] = g2->data, core::set_margin_view(p, core::kMvG1, *g2, true);
   if (!g1 && !g2) return;
   core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  cpu::cosine_embedding_rows(p);
+  be.cosine_embedding(p);
 }
 
 }  // namespace

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/targets.hpp"
-#include "cpu/kernels.hpp"
 
 namespace lossfuse {
 namespace {
@@ -148,7 +148,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     }
   }
 
-  cpu::cross_entropy_rows(p);
+  core::backend_for(logits, "logits").cross_entropy(p);
 
   if (out != nullptr && o.reduction != Reduction::none) {
     core::write_reduced(out->loss, block_loss, o.reduction, loss_denominator);
@@ -159,6 +159,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
 void dispatch(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
               const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
               const TensorView* grad, GradWrite write) {
+  core::backend_for(logits, "logits");  // a device this build has no kernels for is refused before any check
   const core::ClassProblem pb = core::check_class_problem(logits, "logits", target, o.reduction, true);
   check_options(o, pb.soft, pb.acc);
   if (write != GradWrite::separate && write != GradWrite::in_place) {

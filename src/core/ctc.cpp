@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/ctc_params.hpp"
 #include "core/targets.hpp"
-#include "cpu/kernels.hpp"
 
 namespace lossfuse {
 namespace {
@@ -268,7 +268,7 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
 
   if (out != nullptr) {
     if (out->log_alpha) p.log_alpha = out->log_alpha->data;
-    cpu::ctc_samples(p);
+    core::backend_for(lp, "log_probs").ctc(p);
     // Per-sample values in Acc, as the kernel computed them (double holds them exactly).
     if (out->neg_log_likelihood) {
       for (std::int64_t b = 0; b < pb.N; ++b) store_acc<Acc>(*out->neg_log_likelihood, b, nll[b]);
@@ -318,13 +318,14 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
     alpha_ws.resize(static_cast<std::size_t>(pb.T * pb.N * pb.L));
     p.log_alpha = alpha_ws.data();
   }
-  cpu::ctc_samples(p);
+  core::backend_for(lp, "log_probs").ctc(p);
 }
 
 void dispatch(const TensorView& lp, const TensorView& targets, const TensorView& input_lengths,
               const TensorView& target_lengths, const CtcOptions& o, const CtcOutputs* out,
               const std::optional<TensorView>& grad_loss, const TensorView* grad,
               const std::optional<TensorView>& alpha_in) {
+  core::backend_for(lp, "log_probs");  // a device this build has no kernels for is refused before any check
   const CtcProblem pb = check_problem(lp, targets, input_lengths, target_lengths, o);
   if (pb.acc == DType::f64) {
     run<double>(lp, targets, input_lengths, target_lengths, o, out, grad_loss, grad, alpha_in, pb);

@@ -2,9 +2,9 @@
 // kernel, the reduction.
 #include <utility>
 
+#include "core/backend.hpp"
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
-#include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
 
 namespace lossfuse {
@@ -13,6 +13,7 @@ namespace {
 template <class Acc>
 void run(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
   const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
   const DType acc = accumulate_dtype(input.dtype);
@@ -38,14 +39,14 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   p.weight = weights.empty() ? nullptr : weights.data();
   p.margin = o.margin, p.p = o.p;
   if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, cpu::multi_margin_rows);
+    core::run_margin_forward(p, *loss, o.reduction, be.multi_margin);
     return;
   }
   if (grad == nullptr) return;  // no gradient asked for: the checks (and the target scan) only
   p.grad[0] = grad->data;
   core::set_margin_view(p, core::kMvG0, *grad, true);
   core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  cpu::multi_margin_rows(p);
+  be.multi_margin(p);
 }
 
 void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <atomic>
 
+#include "core/backend.hpp"
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
-#include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
 #include "lossfuse/parallel.hpp"
 
@@ -45,6 +45,7 @@ bool targets_in_range(const core::MarginParams& p, DType dtype, std::int64_t C) 
 
 void run(bool backward, const TensorView& input, const TensorView& target, const MultilabelMarginOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  const core::Backend& be = core::backend_for(input, "input");
   core::check_reduction(o.reduction);
   core::check_view(input, "input");
   core::check_floating(input, "input");
@@ -88,14 +89,14 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
     }
   }
   if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, cpu::multilabel_margin_rows);
+    core::run_margin_forward(p, *loss, o.reduction, be.multilabel_margin);
     return;
   }
   if (grad == nullptr) return;  // no gradient asked for: the checks (and the target scan) only
   p.grad[0] = grad->data;
   core::set_margin_view(p, core::kMvG0, *grad, true);
   core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  cpu::multilabel_margin_rows(p);
+  be.multilabel_margin(p);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // reduction.
 #include <utility>
 
+#include "core/backend.hpp"
 #include "core/margin_problem.hpp"
-#include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
 
 namespace lossfuse {
@@ -13,6 +13,7 @@ template <class Acc>
 void run(bool backward, const TensorView& input, const TensorView& target, const MultilabelSoftMarginOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const std::optional<TensorView>& gx,
          const std::optional<TensorView>& gt) {
+  const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
   const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
   const DType acc = accumulate_dtype(input.dtype);
@@ -30,14 +31,14 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   core::set_margin_view(p, core::kMvTarget, target, true);
   p.weight = weights.empty() ? nullptr : weights.data();
   if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, cpu::multilabel_soft_margin_rows);
+    core::run_margin_forward(p, *loss, o.reduction, be.multilabel_soft_margin);
     return;
   }
   if (gx) p.grad[0] = gx->data, core::set_margin_view(p, core::kMvG0, *gx, true);
   if (gt) p.grad[1] = gt->data, core::set_margin_view(p, core::kMvG1, *gt, true);
   if (!gx && !gt) return;
   core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  cpu::multilabel_soft_margin_rows(p);
+  be.multilabel_soft_margin(p);
 }
 
 void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultilabelSoftMarginOptions& o,

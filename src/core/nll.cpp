@@ -3,10 +3,10 @@
 
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/targets.hpp"
-#include "cpu/kernels.hpp"
 
 namespace lossfuse {
 namespace {
@@ -51,12 +51,13 @@ void run(core::CeMode mode, const TensorView& input, const TensorView& target, c
     }
   }
   if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, denominator);
-  cpu::nll_rows(p);
+  core::backend_for(input, "input").nll(p);
   if (loss != nullptr && o.reduction != Reduction::none) core::write_reduced(*loss, blocks, o.reduction, denominator);
 }
 
 void dispatch(core::CeMode mode, const TensorView& input, const TensorView& target, const NllOptions& o,
               const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  core::backend_for(input, "input");  // a device this build has no kernels for is refused before any check
   const core::ClassProblem pb = core::check_class_problem(input, "input", target, o.reduction, false);
   if (pb.acc == DType::f64) {
     run<double>(mode, input, target, o, loss, grad_loss, grad, pb);

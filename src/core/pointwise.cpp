@@ -9,13 +9,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/pointwise_params.hpp"
-#include "cpu/kernels.hpp"
-#include "cpu/scalar_io.hpp"
 #include "lossfuse/parallel.hpp"
 #include "math/half.hpp"
+#include "math/storage.hpp"
 
 namespace lossfuse {
 namespace {
@@ -80,16 +80,17 @@ std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) 
 
 // Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
 // with its position and value. Blocks of elements are scanned in parallel, each without an early exit: a
-// contiguous block by the vectorized bit test of cpu::value_scan_passes (`kind`, the same test as ok), others
+// contiguous block by the backend's vectorized bit test value_scan (`kind`, the same test as ok), others
 // element by element. Only a block holding a bad element is searched for the first one.
 template <class Ok>
-void scan_values(const TensorView& t, const char* name, const char* expected, cpu::ValueScan kind, Ok ok) {
+void scan_values(const core::Backend& be, const TensorView& t, const char* name, const char* expected,
+                 core::ValueScan kind, Ok ok) {
   const std::int64_t n = t.numel();
   constexpr std::int64_t kBlock = 4096;
   const std::int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<std::int64_t> first_bad(static_cast<std::size_t>(blocks), -1);
   const bool contiguous = t.is_contiguous();
-  cpu::visit_float_dtype(t.dtype, [&](auto tag) {
+  math::visit_float_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* data = static_cast<const T*>(t.data);
     parallel_for(0, blocks, 16, [&](std::int64_t b0, std::int64_t b1) {
@@ -98,11 +99,11 @@ void scan_values(const TensorView& t, const char* name, const char* expected, cp
         auto value = [&](std::int64_t i) {
           std::int64_t off = i;
           if (!contiguous) (void)position(t, i, &off);
-          return static_cast<double>(cpu::Io<T>::load(data, off));
+          return static_cast<double>(math::Io<T>::load(data, off));
         };
         bool any = false;
         if (contiguous) {
-          any = !cpu::value_scan_passes(t.dtype, data + i0, i1 - i0, kind);
+          any = !be.value_scan(t.dtype, data + i0, i1 - i0, kind);
         } else {
           for (std::int64_t i = i0; i < i1 && !any; ++i) any = !ok(value(i));
         }
@@ -128,6 +129,7 @@ void scan_values(const TensorView& t, const char* name, const char* expected, cp
 
 void run(const PwCall& c, const TensorView& x, const TensorView& y, const TensorView* loss,
          const std::optional<TensorView>& grad_loss, const GradOut* grads) {
+  const core::Backend& be = core::backend_for(x, c.x_name);
   core::check_reduction(c.reduction);
   core::check_view(x, c.x_name);
   core::check_floating(x, c.x_name);
@@ -185,11 +187,11 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   // only after its kernel, so there the kernel checks in the same pass and the scan runs only to report a failure.
   auto scan = [&] {
     if (c.scan == Scan::input_unit_interval) {
-      scan_values(x, c.x_name, "every element in [0, 1]", cpu::ValueScan::unit_interval,
+      scan_values(be, x, c.x_name, "every element in [0, 1]", core::ValueScan::unit_interval,
                   [](auto v) { return (v >= 0) & (v <= 1); });
     } else if (c.scan == Scan::z_nonnegative) {
       // NaN passes, as torch's any(var < 0).
-      scan_values(*c.z, c.z_name, "every element >= 0", cpu::ValueScan::non_negative,
+      scan_values(be, *c.z, c.z_name, "every element >= 0", core::ValueScan::non_negative,
                   [](auto v) { return !(v < 0); });
     }
   };
@@ -243,7 +245,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
       q.backward = false;
       q.tile_loss = nullptr;
       for (int v = core::kPwGX; v < core::kPwViews; ++v) q.ptr[v] = nullptr;
-      cpu::pointwise_run(q);
+      be.pointwise(q);
       denominator = 0;
       for (double t : tile_weight) denominator += t;
     }
@@ -252,7 +254,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
       if (c.reduction == Reduction::mean) p.grad_scale /= denominator;
     }
     p.tile_weight = nullptr;
-    cpu::pointwise_run(p);
+    be.pointwise(p);
     return;
   }
   if (c.reduction == Reduction::none) {
@@ -267,7 +269,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     p.tile_bad = tile_bad.data();
     p.check = c.scan == Scan::input_unit_interval ? core::PwCheck::x_unit_interval : core::PwCheck::z_nonnegative;
   }
-  cpu::pointwise_run(p);
+  be.pointwise(p);
   // A flagged tile may hold a bad value (the kernel's test is conservative: bce's flags -0 too); the exact scan
   // throws, naming the first bad element, or passes and the result stands.
   if (std::find(tile_bad.begin(), tile_bad.end(), char(1)) != tile_bad.end()) scan();

@@ -1,8 +1,8 @@
 // triplet_margin entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
 #include <cmath>
 
+#include "core/backend.hpp"
 #include "core/margin_problem.hpp"
-#include "cpu/margin_kernels.hpp"
 #include "lossfuse/margin.hpp"
 
 namespace lossfuse {
@@ -11,6 +11,7 @@ namespace {
 void run(bool backward, const TensorView& a, const TensorView& pos, const TensorView& neg,
          const TripletMarginOptions& o, const TensorView* loss, const std::optional<TensorView>& grad_loss,
          const std::optional<TensorView>* grads) {
+  const core::Backend& be = core::backend_for(a, "anchor");
   core::check_reduction(o.reduction);
   core::check_view(a, "anchor");
   core::check_floating(a, "anchor");
@@ -40,7 +41,7 @@ void run(bool backward, const TensorView& a, const TensorView& pos, const Tensor
   }
   p.margin = o.margin, p.p = o.p, p.eps = o.eps, p.swap = o.swap;
   if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, cpu::triplet_margin_rows);
+    core::run_margin_forward(p, *loss, o.reduction, be.triplet_margin);
     return;
   }
   for (int i = 0; i < 3; ++i) {
@@ -50,7 +51,7 @@ void run(bool backward, const TensorView& a, const TensorView& pos, const Tensor
   }
   if (p.grad[0] == nullptr && p.grad[1] == nullptr && p.grad[2] == nullptr) return;
   core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  cpu::triplet_margin_rows(p);
+  be.triplet_margin(p);
 }
 
 }  // namespace

@@ -18,8 +18,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/cross_entropy.cpp"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,11 +29,13 @@
 #include "core/targets.hpp"
 #include "cpu/hwy_exp-inl.h"
 #include "cpu/hwy_io-inl.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/cache_control.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "math/cross_entropy_math.hpp"
 #include "math/online_lse.hpp"
+#include "math/storage.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
@@ -52,7 +52,7 @@ struct RowCtx {
   math::LogitTransform<Acc> xf;
   math::CeRowParams<Acc> rp;
   const Acc* w = nullptr;  // padded class weights or nullptr
-  bool need_wz = false;  // label smoothing: the sum of w (z - ref) is needed
+  bool need_wz = false;    // label smoothing: the sum of w (z - ref) is needed
 };
 
 // z = T(x); with softcap also returns th = tanh(scale x / softcap) for the derivative. NaN stays NaN.
@@ -132,7 +132,7 @@ HWY_NOINLINE bool RowStats(const T* HWY_RESTRICT x, const T* HWY_RESTRICT pt, st
         shift = hn::GetLane(hn::MaxOfLanes(d, hn::Load(d, zl)));
       }
       if (!(shift > -kInf && shift < kInf)) shift = 0;  // NaN / inf are caught below
-      ref = shift;  // sums are taken relative to the first chunk's shift
+      ref = shift;                                      // sums are taken relative to the first chunk's shift
     }
     const char* next = reinterpret_cast<const char*>(x + c0 + 2 * kC);
     const V vref = hn::Set(d, ref);
@@ -282,7 +282,7 @@ HWY_NOINLINE Acc RowSumWp(const T* pt, std::int64_t ts, std::int64_t C, const Ac
 template <class D>
 struct GradConsts {
   hn::Vec<D> eps_c, one_m_eps, gs, one;  // eps/C, 1 - eps, upstream gradient * logit_scale, 1
-  bool wterm;                           // the w_c b_c term is present (soft targets or smoothing)
+  bool wterm;                            // the w_c b_c term is present (soft targets or smoothing)
 };
 
 template <bool kSoft, class D, class Acc>
@@ -294,8 +294,8 @@ HWY_INLINE GradConsts<D> MakeGradConsts(D d, const RowCtx<Acc>& cx, Acc gscale) 
 // Given t = q_c A for classes [c, c + lanes): g = gs dz/dx (t - w_c b_c), b_c = soft ? (1 - eps) p_c + eps/C
 // : eps/C (an index target's own term is added by the caller); th = tanh(.) of the softcap.
 template <bool kCap, bool kSoft, class D, class T, class Acc>
-HWY_INLINE hn::Vec<D> GradValue(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, const T* pt,
-                                const RowCtx<Acc>& cx, const GradConsts<D>& k) {
+HWY_INLINE hn::Vec<D> GradValue(D d, hn::Vec<D> t, hn::Vec<D> th, std::int64_t c, const T* pt, const RowCtx<Acc>& cx,
+                                const GradConsts<D>& k) {
   if (k.wterm) {
     auto b = k.eps_c;
     if constexpr (kSoft) b = hn::MulAdd(LoadAcc(d, pt + c), k.one_m_eps, k.eps_c);
@@ -538,7 +538,8 @@ void Blocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
         Acc loss = 0, zl = 0;
         if (!ignored) {
           if (ok) {
-            loss = kSoft ? math::ce_soft_row_loss(cx.rp, rs) : math::ce_index_row_loss(cx.rp, rs, w_y, cx.xf.apply(x_y));
+            loss =
+                kSoft ? math::ce_soft_row_loss(cx.rp, rs) : math::ce_index_row_loss(cx.rp, rs, w_y, cx.xf.apply(x_y));
             zl = math::z_loss_row(cx.rp, rs.lse);
             loss += zl;
           } else {
@@ -623,13 +624,10 @@ void BlocksFor(const CeParams& p, std::int64_t b0, std::int64_t b1) {
 }
 
 void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
-  switch (p.dtype) {
-    case DType::f32: return BlocksFor<float, float>(p, b0, b1);
-    case DType::f64: return BlocksFor<double, double>(p, b0, b1);
-    case DType::bf16: return BlocksFor<hwy::bfloat16_t, float>(p, b0, b1);
-    case DType::f16: return BlocksFor<hwy::float16_t, float>(p, b0, b1);
-    default: return;
-  }
+  math::visit_float_storage<hwy::bfloat16_t, hwy::float16_t>(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    BlocksFor<T, math::AccOf<T>>(p, b0, b1);
+  });
 }
 
 template <class F>
@@ -687,9 +685,7 @@ void fast_exp(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(F
 void exp_any(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(ExpAnyArray)(x, y, n); }
 void fast_log(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLogArray)(x, y, n); }
 void fast_log1p(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pArray)(x, y, n); }
-void fast_log1p_unit(const float* x, float* y, std::int64_t n) {
-  HWY_DYNAMIC_DISPATCH(FastLog1pUnitArray)(x, y, n);
-}
+void fast_log1p_unit(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pUnitArray)(x, y, n); }
 
 void cross_entropy_rows(const core::CeParams& p) {
   const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;

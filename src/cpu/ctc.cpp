@@ -22,8 +22,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/ctc.cpp"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,38 +32,19 @@
 #include "core/targets.hpp"
 #include "cpu/hwy_exp-inl.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "math/ctc_math.hpp"
 #include "math/half.hpp"
+#include "math/storage.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-struct Bf16 {
-  std::uint16_t bits;
-};
-struct F16 {
-  std::uint16_t bits;
-};
-template <class T>
-struct Io {
-  using Acc = T;
-  static Acc load(const T* p) { return *p; }
-  static void store(T* p, Acc v) { *p = v; }
-};
-template <>
-struct Io<Bf16> {
-  using Acc = float;
-  static float load(const Bf16* p) { return math::bf16_to_float(p->bits); }
-  static void store(Bf16* p, float v) { p->bits = math::float_to_bf16(v); }
-};
-template <>
-struct Io<F16> {
-  using Acc = float;
-  static float load(const F16* p) { return math::f16_to_float(p->bits); }
-  static void store(F16* p, float v) { p->bits = math::float_to_f16(v); }
-};
+using math::Bf16;
+using math::F16;
+using math::Io;
 
 // lae3(a1, a2, a3) + e per lane: the vector form of math::log_add3 (the max term's exp is exactly 1). All -inf
 // gives -inf; a nan argument gives nan (the max alone could drop it).
@@ -283,13 +262,7 @@ void SamplesT(const core::CtcParams& p, std::int64_t b0, std::int64_t b1) {
 
 // The one switch point: the dtype becomes a template parameter.
 HWY_NOINLINE void CtcSamples(const core::CtcParams& p, std::int64_t b0, std::int64_t b1) {
-  switch (p.dtype) {
-    case DType::f32: return SamplesT<float>(p, b0, b1);
-    case DType::f64: return SamplesT<double>(p, b0, b1);
-    case DType::bf16: return SamplesT<Bf16>(p, b0, b1);
-    case DType::f16: return SamplesT<F16>(p, b0, b1);
-    default: return;
-  }
+  math::visit_float_dtype(p.dtype, [&](auto tag) { SamplesT<decltype(tag)>(p, b0, b1); });
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

@@ -9,28 +9,20 @@
 #define LOSSFUSE_CPU_MARGIN_HWY_INL_H_
 #endif
 
-#include <type_traits>
-
 #include "hwy/highway.h"
 #include "lossfuse/dtype.hpp"
+#include "math/storage.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace lossfuse::cpu::HWY_NAMESPACE {
 
-// float32 accumulation for float32, bfloat16 and float16 storage; float64 for float64
+// fn(T{}) with T the Highway storage type of a float dtype (math::visit_float_storage); Acc: MarginAcc<T>
 template <class T>
-using MarginAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using MarginAcc = math::AccOf<T>;
 
-// fn(T{}) with T the Highway storage type of a float dtype; other dtypes: nothing
 template <class F>
 HWY_INLINE void VisitStorage(DType t, F&& fn) {
-  switch (t) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::bf16: return fn(hwy::bfloat16_t{});
-    case DType::f16: return fn(hwy::float16_t{});
-    default: return;
-  }
+  math::visit_float_storage<hwy::bfloat16_t, hwy::float16_t>(t, static_cast<F&&>(fn));
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

@@ -9,11 +9,13 @@
 
 #include "core/targets.hpp"
 #include "cpu/kernels.hpp"
-#include "cpu/scalar_io.hpp"
 #include "lossfuse/parallel.hpp"
+#include "math/storage.hpp"
 
 namespace lossfuse::cpu {
 namespace {
+
+using math::Io;
 
 template <class T>
 void nll_blocks(const core::CeParams& p, std::int64_t b0, std::int64_t b1) {
@@ -66,7 +68,7 @@ void run(const core::CeParams& p) {
 }  // namespace
 
 void nll_rows(const core::CeParams& p) {
-  visit_float_dtype(p.dtype, [&p](auto tag) { run<decltype(tag)>(p); });
+  math::visit_float_dtype(p.dtype, [&p](auto tag) { run<decltype(tag)>(p); });
 }
 
 }  // namespace lossfuse::cpu

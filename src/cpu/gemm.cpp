@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/scalar_io.hpp"
+#include "math/storage.hpp"
 #include "lossfuse/parallel.hpp"
 
 #if defined(LOSSFUSE_WITH_ONEDNN)
@@ -23,7 +23,7 @@ std::atomic<void*> g_hook_ctx{nullptr};
 // Element (i, j) of op(M) for a row-major M with leading dimension ld.
 template <class T>
 auto at(const T* m, std::int64_t ld, bool trans, std::int64_t i, std::int64_t j) {
-  return cpu::Io<T>::load(m, trans ? j * ld + i : i * ld + j);
+  return math::Io<T>::load(m, trans ? j * ld + i : i * ld + j);
 }
 
 // Portable: rows of C over threads, k in blocks so a block of B stays in cache.
@@ -54,8 +54,8 @@ bool loop_gemm_any(const GemmCall& g) {
   switch (g.ab_dtype) {
     case DType::f32: loop_gemm<float, float>(g); return true;
     case DType::f64: loop_gemm<double, double>(g); return true;
-    case DType::bf16: loop_gemm<cpu::Bf16, float>(g); return true;
-    case DType::f16: loop_gemm<cpu::F16, float>(g); return true;
+    case DType::bf16: loop_gemm<math::Bf16, float>(g); return true;
+    case DType::f16: loop_gemm<math::F16, float>(g); return true;
     default: return false;
   }
 }
@@ -104,8 +104,8 @@ std::vector<float> widen(const void* p, DType t, std::int64_t rows, std::int64_t
     for (std::int64_t r = r0; r < r1; ++r) {
       for (std::int64_t c = 0; c < cols; ++c) {
         out[static_cast<std::size_t>(r * cols + c)] =
-            t == DType::bf16 ? cpu::Io<cpu::Bf16>::load(static_cast<const cpu::Bf16*>(p), r * ld + c)
-                             : cpu::Io<cpu::F16>::load(static_cast<const cpu::F16*>(p), r * ld + c);
+            t == DType::bf16 ? math::Io<math::Bf16>::load(static_cast<const math::Bf16*>(p), r * ld + c)
+                             : math::Io<math::F16>::load(static_cast<const math::F16*>(p), r * ld + c);
       }
     }
   });

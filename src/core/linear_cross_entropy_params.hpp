@@ -1,0 +1,42 @@
+// The plain parameter struct of the fused linear cross-entropy (include/lossfuse/linear_cross_entropy.hpp) that
+// core fills after checking every argument and scanning the targets once, and a backend's runner takes: the views as
+// the caller gave them, the options, the per-row upstream gradients and the row outputs. The runner makes the
+// logits a chunk (and vocabulary tile) at a time through the GEMM hook and reduces them by the cross-entropy
+// kernels' params; it writes only the row outputs and the gradients, and throws only Error(not_implemented) when
+// the GEMM hook declines a product.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/class_problem.hpp"
+#include "lossfuse/linear_cross_entropy.hpp"
+
+namespace lossfuse::core {
+
+struct LceProblem {
+  std::int64_t N = 0, H = 0, V = 0;
+  std::int64_t Vt = 1;  // classes per vocabulary tile: V when untiled, else min(vocab_tile, V) (1 when V = 0)
+  bool tiled = false;
+  DType dt = DType::f32;  // x, W (and b)
+  ClassProblem pb;        // rows N, classes V, acc: for the output checks shared with cross-entropy
+};
+
+struct LceParams {
+  LceProblem problem;
+  const TensorView* x = nullptr;  // (N, H)
+  const TensorView* w = nullptr;  // (V, H)
+  const TensorView* b = nullptr;  // (V) or nullptr
+  const TensorView* target = nullptr;
+  const LinearCrossEntropyOptions* options = nullptr;
+  const LinearCrossEntropyGrads* grads = nullptr;  // the wanted gradients (none: forward only)
+  const void* class_weight = nullptr;  // Acc[V rounded up to 64], zero padded (core::load_weights), or nullptr
+  std::int64_t chunk_rows = 1;         // linear_cross_entropy_chunk_rows
+  bool backward = false;               // way 2: gradients from lse_rows (read); else lse_rows is written
+  void* loss_rows = nullptr;           // Acc (N), forward only
+  void* z_rows = nullptr;              // Acc (N), forward only
+  double* lse_rows = nullptr;          // (N): each row's lse, max + log-sum summed in double
+  const void* scale = nullptr;         // Acc (N): the upstream gradient of each row's loss term (grads only)
+};
+
+}  // namespace lossfuse::core

@@ -1,0 +1,27 @@
+// The CPU backend's table: every loss family's entry (src/cpu/kernels.hpp, margin_kernels.hpp).
+#include "core/backend.hpp"
+
+#include "cpu/kernels.hpp"
+#include "cpu/margin_kernels.hpp"
+
+namespace lossfuse::core {
+
+const Backend* cpu_backend() noexcept {
+  static constexpr Backend kCpu{
+      Device::cpu,
+      cpu::cross_entropy_rows,
+      cpu::nll_rows,
+      cpu::pointwise_run,
+      cpu::value_scan_passes,
+      cpu::ctc_samples,
+      cpu::triplet_margin_rows,
+      cpu::cosine_embedding_rows,
+      cpu::multi_margin_rows,
+      cpu::multilabel_margin_rows,
+      cpu::multilabel_soft_margin_rows,
+      cpu::linear_cross_entropy_run,
+  };
+  return &kCpu;
+}
+
+}  // namespace lossfuse::core
