@@ -18,6 +18,8 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/cross_entropy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,7 +33,6 @@
 #include "cpu/hwy_io-inl.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "math/cross_entropy_math.hpp"
 #include "math/online_lse.hpp"

@@ -22,6 +22,8 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/ctc.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,7 +34,6 @@
 #include "core/targets.hpp"
 #include "cpu/hwy_exp-inl.h"
 #include "hwy/contrib/math/math-inl.h"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "math/ctc_math.hpp"
 #include "math/half.hpp"
