@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
+#include <tuple>
 #include <cmath>
 #include <vector>
 
@@ -81,35 +82,152 @@ using RowOutputs = std::array<at::Tensor, 2>;
 at::Tensor new_flag() { return at::zeros({}, at::TensorOptions().dtype(at::kBool)); }
 bool& flag(torch::autograd::AutogradContext* ctx) { return *ctx->saved_data.at("handed").toTensor().data_ptr<bool>(); }
 
-// The eager training step's cross-entropy: the forward writes the gradient (upstream gradient 1), and the
-// backward, a C++ autograd node, hands it over once, scaled in place to the upstream gradient. Python's
-// cross_entropy takes this road only for plain eager calls with class-index targets and reduction mean or sum
-// (nothing tracing, no tensor subclass): it saves the tens of microseconds of a Python autograd.Function per
-// step. Everything else, torch.compile included, goes through lossfuse::cross_entropy and its autograd
-// registered from Python. A gradient handed over belongs to the caller (it may be accumulated into .grad or
-// changed in place), so a later backward through a retained graph computes a new one.
-// A backward that must itself be differentiable (create_graph=True) recomputes the loss through the registered op
-// and differentiates it, as the Python path does. Python takes the autograd.Function road where compiled autograd is
-// on at the forward; switched on later, compiled autograd calls this backward as it is (on a copy of the context).
-struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
+// The eager training step's cross-entropy, one C++ autograd node templated on how the forward writes the gradient
+// (upstream gradient 1): into a buffer of its own (GradWrite::separate, _cross_entropy_eager) or over the logits
+// (GradWrite::in_place, _cross_entropy_eager_inplace, cross_entropy(..., inplace=True)). The backward hands that
+// gradient over once, scaled in place to the upstream gradient. Python's cross_entropy takes this road only for plain
+// eager calls with class-index targets and reduction mean or sum (nothing tracing, no tensor subclass): it saves the
+// tens of microseconds of a Python autograd.Function per step. Everything else, torch.compile included, goes through
+// lossfuse::cross_entropy and its autograd registered from Python. A gradient handed over belongs to the caller (it
+// may be accumulated into .grad or changed in place).
+//  separate: a later backward through a retained graph computes a new gradient; a backward that must itself be
+//    differentiable (create_graph=True) recomputes the loss through the registered op and differentiates it, as the
+//    Python path does. Python takes the autograd.Function road where compiled autograd is on at the forward;
+//    switched on later, compiled autograd calls this backward as it is (on a copy of the context).
+//  in_place: a training step holds no N x V buffer beyond the logits. torch's own in-place rules apply first (not a
+//    leaf that requires grad nor a view of one, not an output of split / chunk / unbind). The logits' version counter
+//    is bumped, so an autograd node that saved them (a tanh before the loss, say) raises torch's in-place error in
+//    its backward instead of reading the gradient as logits; backward checks the counter in turn, so a change to the
+//    logits after the call raises too instead of changing the gradient. Nothing is kept for a second backward
+//    through a retained graph or a differentiable backward: both raise, as the logits they would need are gone.
+//    Python checks the rest first (reduction, no internal overlap, class-index targets).
+
+// The separate node's backward (grad_loss defined).
+at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const at::Tensor& grad_loss) {
+  // unpacked first in every case: raises torch's error if the logits were changed in place after the forward
+  const auto saved = ctx->get_saved_variables();
+  const auto a = ctx->saved_data["args"].toDoubleList();
+  const auto red = static_cast<std::int64_t>(a[0]);
+  const auto ignore_index = static_cast<std::int64_t>(a[1]);
+  const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
+  if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable gradient
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("lossfuse::cross_entropy", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                   std::int64_t, std::int64_t, double, double, double, double, bool)>();
+    const at::Tensor loss =
+        std::get<0>(op.call(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], false));
+    return torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
+                                 /*create_graph=*/true)[0];
+  }
+  const double scale = grad_loss.item<double>();
+  if (!std::isfinite(scale)) {
+    // NaN or inf: scaling the forward's gradient would turn the ignored rows' zeros into NaN, where torch keeps 0.
+    // The gradient is made from the lse instead (the backward kernel never scales those rows); any gradient held
+    // stays for a later backward through a retained graph.
+    const at::Tensor lse = std::get<1>(
+        cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/false));
+    return cross_entropy_backward(acc_grad_output(grad_loss, saved[0]), saved[0], saved[1], lse, weight, red,
+                                  ignore_index, a[2], a[3], a[4], a[5]);
+  }
+  if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end() && !flag(ctx)) {
+    // the first backward: the forward's gradient, handed over
+    at::Tensor grad = held->second.toTensor();
+    ctx->saved_data.erase(held);
+    flag(ctx) = true;
+    if (scale != 1.0) grad.mul_(scale);
+    return grad;
+  }
+  // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
+  // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
+  at::Tensor grad = std::get<3>(
+      cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));
+  if (scale != 1.0) grad.mul_(scale);
+  return grad;
+}
+
+// The in-place node's backward (grad_loss defined).
+at::Tensor eager_backward_in_place(torch::autograd::AutogradContext* ctx, const at::Tensor& grad_loss) {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "lossfuse: cross_entropy(inplace=True): a differentiable backward (create_graph=True) needs the "
+              "logits, which the forward overwrote with their gradient; call it with inplace=False");
+  auto held = ctx->saved_data.find("grad");
+  TORCH_CHECK(held != ctx->saved_data.end() && !flag(ctx),
+              "lossfuse: cross_entropy(inplace=True): the gradient was handed over by an earlier backward through "
+              "this graph, and it cannot be made again: the forward overwrote the logits with it; call it with "
+              "inplace=False to backward more than once");
+  at::Tensor grad = held->second.toTensor();
+  const std::int64_t version = ctx->saved_data["version"].toInt();
+  TORCH_CHECK(grad._version() == version,
+              "lossfuse: cross_entropy(inplace=True): the logits, which hold their gradient since the forward, "
+              "were modified in place after it (version ",
+              grad._version(), ", expected ", version,
+              "); leave them alone until backward, or call it with inplace=False");
+  const at::Tensor target = ctx->saved_data["target"].toTensor();
+  const std::int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+  ctx->saved_data.erase("grad");
+  ctx->saved_data.erase("target");
+  flag(ctx) = true;
+  const double scale = grad_loss.item<double>();
+  // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
+  // saved another view of it after the call (still logits there) must not fail its check.
+  const at::AutoDispatchBelowADInplaceOrView below_version_bump;
+  if (!std::isfinite(scale)) {
+    // NaN or inf: the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do. (The logits
+    // are gone, so the gradient is not made again from the lse as in the separate node: an inf upstream gradient
+    // gives NaN where a probability underflowed in the stored gradient, where torch's may be inf.)
+    const at::Tensor ignored =
+        target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
+    grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss).to(grad.scalar_type()));
+  } else if (scale != 1.0) {
+    grad.mul_(scale);
+  }
+  return grad;
+}
+
+template <GradWrite kWrite>
+struct CrossEntropyEagerNode : torch::autograd::Function<CrossEntropyEagerNode<kWrite>> {
+  static constexpr bool kInPlace = kWrite == GradWrite::in_place;
+
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 std::int64_t red, std::int64_t ignore_index, double label_smoothing,
                                                 double logit_scale, double softcap, double z_loss_scale,
                                                 RowOutputs* rows_out) {
-    TORCH_CHECK(red == 1 || red == 2, "lossfuse: _cross_entropy_eager: expected reduction 1 (mean) or 2 (sum), got ",
-                red);
-    auto [loss, lse, z_loss, grad] = cross_entropy(logits, target, weight, red, ignore_index, label_smoothing,
-                                                   logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
+    TORCH_CHECK(red == 1 || red == 2, "lossfuse: ", kInPlace ? "_cross_entropy_eager_inplace" : "_cross_entropy_eager",
+                ": expected reduction 1 (mean) or 2 (sum), got ", red);
+    at::Tensor loss, lse, z_loss, grad;
+    if constexpr (kInPlace) {
+      const auto rows = row_shape(logits);
+      loss = new_loss(logits, rows, red);
+      lse = new_lse(logits, rows);
+      z_loss = new_loss(logits, rows, red);
+      guarded([&] {
+        const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
+        const TensorView x = view(logits, "input");
+        cross_entropy_forward_backward(
+            x, view(target, "target"), o, CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
+            std::nullopt, x, GradWrite::in_place);
+      });
+      torch::autograd::impl::bump_version(logits);
+      grad = logits.detach();  // the logits' storage, now their gradient (same version counter)
+      ctx->saved_data["version"] = static_cast<std::int64_t>(logits._version());
+      ctx->saved_data["target"] = target;  // for a non-finite upstream gradient's mask of ignored rows
+      ctx->saved_data["ignore_index"] = ignore_index;
+    } else {
+      std::tie(loss, lse, z_loss, grad) = cross_entropy(logits, target, weight, red, ignore_index, label_smoothing,
+                                                        logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
+      ctx->saved_data["args"] = c10::List<double>({static_cast<double>(red), static_cast<double>(ignore_index),
+                                                   label_smoothing, logit_scale, softcap, z_loss_scale});
+      ctx->save_for_backward({logits, target, weight.has_value() ? *weight : at::Tensor()});
+    }
     *rows_out = {lse, z_loss};
     ctx->set_materialize_grads(false);
     // Not saved through save_for_backward: backward scales it in place (a saved variable would fail its version
     // check) and then lets it go.
     ctx->saved_data["grad"] = grad;
     ctx->saved_data["handed"] = new_flag();
-    ctx->saved_data["args"] = c10::List<double>({static_cast<double>(red), static_cast<double>(ignore_index),
-                                                 label_smoothing, logit_scale, softcap, z_loss_scale});
-    ctx->save_for_backward({logits, target, weight.has_value() ? *weight : at::Tensor()});
     // in the input's dtype, as torch returns it (no separate conversion node in the graph)
     return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type())};
   }
@@ -117,158 +235,23 @@ struct CrossEntropyEager : torch::autograd::Function<CrossEntropyEager> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     torch::autograd::variable_list out(10);
-    const at::Tensor& grad_loss = grads[0];
-    if (!grad_loss.defined()) return out;
-    // unpacked first in every case: raises torch's error if the logits were changed in place after the forward
-    const auto saved = ctx->get_saved_variables();
-    const auto a = ctx->saved_data["args"].toDoubleList();
-    const auto red = static_cast<std::int64_t>(a[0]);
-    const auto ignore_index = static_cast<std::int64_t>(a[1]);
-    const std::optional<at::Tensor> weight = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
-    if (at::GradMode::is_enabled()) {  // create_graph=True: a differentiable gradient
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("lossfuse::cross_entropy", "")
-                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                     const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                     std::int64_t, std::int64_t, double, double, double, double, bool)>();
-      const at::Tensor loss =
-          std::get<0>(op.call(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], false));
-      out[0] = torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
-                                     /*create_graph=*/true)[0];
-      return out;
-    }
-    const double scale = grad_loss.item<double>();
-    if (!std::isfinite(scale)) {
-      // NaN or inf: scaling the forward's gradient would turn the ignored rows' zeros into NaN, where torch keeps 0.
-      // The gradient is made from the lse instead (the backward kernel never scales those rows); any gradient held
-      // stays for a later backward through a retained graph.
-      const at::Tensor lse = std::get<1>(
-          cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/false));
-      out[0] = cross_entropy_backward(acc_grad_output(grad_loss, saved[0]), saved[0], saved[1], lse, weight, red,
-                                      ignore_index, a[2], a[3], a[4], a[5]);
-      return out;
-    }
-    if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end() && !flag(ctx)) {
-      // the first backward: the forward's gradient, handed over
-      at::Tensor grad = held->second.toTensor();
-      ctx->saved_data.erase(held);
-      flag(ctx) = true;
-      if (scale != 1.0) grad.mul_(scale);
-      out[0] = std::move(grad);
-      return out;
-    }
-    // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
-    // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
-    at::Tensor grad = std::get<3>(
-        cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));
-    if (scale != 1.0) grad.mul_(scale);
-    out[0] = std::move(grad);
+    if (!grads[0].defined()) return out;
+    out[0] = kInPlace ? eager_backward_in_place(ctx, grads[0]) : eager_backward_separate(ctx, grads[0]);
     return out;
   }
 };
 
+template <GradWrite kWrite>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager(const at::Tensor& logits, const at::Tensor& target,
                                                                    const std::optional<at::Tensor>& weight,
                                                                    std::int64_t red, std::int64_t ignore_index,
                                                                    double label_smoothing, double logit_scale,
                                                                    double softcap, double z_loss_scale) {
-  RowOutputs rows;
-  auto out = CrossEntropyEager::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale, softcap,
-                                      z_loss_scale, &rows);
-  return {out[0], rows[0], rows[1]};
-}
-
-// cross_entropy(..., inplace=True) in plain eager mode: the forward overwrites the logits with their gradient
-// (upstream gradient 1; GradWrite::in_place), so a training step holds no N x V buffer beyond the logits; the
-// backward scales it in place and hands it over once. torch's own in-place rules apply first (not a leaf that
-// requires grad nor a view of one, not an output of split / chunk / unbind). The logits' version counter is
-// bumped, so an autograd node that saved them (a tanh before the loss, say) raises torch's in-place error in its
-// backward instead of reading the gradient as logits; backward checks the counter in turn, so a change to the
-// logits after the call raises too instead of changing the gradient. Nothing is kept for a second backward
-// through a retained graph or a differentiable backward: both raise, as the logits they would need are gone.
-// Python checks the rest first (reduction, no internal overlap, class-index targets).
-struct CrossEntropyEagerInPlace : torch::autograd::Function<CrossEntropyEagerInPlace> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
-                                                std::int64_t red, std::int64_t ignore_index, double label_smoothing,
-                                                double logit_scale, double softcap, double z_loss_scale,
-                                                RowOutputs* rows_out) {
-    TORCH_CHECK(red == 1 || red == 2,
-                "lossfuse: _cross_entropy_eager_inplace: expected reduction 1 (mean) or 2 (sum), got ", red);
-    const auto rows = row_shape(logits);
-    at::Tensor loss = new_loss(logits, rows, red);
-    at::Tensor lse = new_lse(logits, rows);
-    at::Tensor z_loss = new_loss(logits, rows, red);
-    guarded([&] {
-      const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
-      const TensorView x = view(logits, "input");
-      cross_entropy_forward_backward(x, view(target, "target"), o,
-                                     CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
-                                     std::nullopt, x, GradWrite::in_place);
-    });
-    torch::autograd::impl::bump_version(logits);
-    *rows_out = {lse, z_loss};
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["grad"] = logits.detach();  // the logits' storage, now their gradient (same version counter)
-    ctx->saved_data["handed"] = new_flag();
-    ctx->saved_data["version"] = static_cast<std::int64_t>(logits._version());
-    ctx->saved_data["target"] = target;  // for a non-finite upstream gradient's mask of ignored rows
-    ctx->saved_data["ignore_index"] = ignore_index;
-    return {loss.scalar_type() == logits.scalar_type() ? loss : loss.to(logits.scalar_type())};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    torch::autograd::variable_list out(10);
-    const at::Tensor& grad_loss = grads[0];
-    if (!grad_loss.defined()) return out;
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "lossfuse: cross_entropy(inplace=True): a differentiable backward (create_graph=True) needs the "
-                "logits, which the forward overwrote with their gradient; call it with inplace=False");
-    auto held = ctx->saved_data.find("grad");
-    TORCH_CHECK(held != ctx->saved_data.end() && !flag(ctx),
-                "lossfuse: cross_entropy(inplace=True): the gradient was handed over by an earlier backward through "
-                "this graph, and it cannot be made again: the forward overwrote the logits with it; call it with "
-                "inplace=False to backward more than once");
-    at::Tensor grad = held->second.toTensor();
-    const std::int64_t version = ctx->saved_data["version"].toInt();
-    TORCH_CHECK(grad._version() == version,
-                "lossfuse: cross_entropy(inplace=True): the logits, which hold their gradient since the forward, "
-                "were modified in place after it (version ",
-                grad._version(), ", expected ", version,
-                "); leave them alone until backward, or call it with inplace=False");
-    const at::Tensor target = ctx->saved_data["target"].toTensor();
-    const std::int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
-    ctx->saved_data.erase("grad");
-    ctx->saved_data.erase("target");
-    flag(ctx) = true;
-    const double scale = grad_loss.item<double>();
-    // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
-    // saved another view of it after the call (still logits there) must not fail its check.
-    const at::AutoDispatchBelowADInplaceOrView below_version_bump;
-    if (!std::isfinite(scale)) {
-      // NaN or inf: the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do. (The logits
-      // are gone, so the gradient is not made again from the lse as in CrossEntropyEager: an inf upstream gradient
-      // gives NaN where a probability underflowed in the stored gradient, where torch's may be inf.)
-      const at::Tensor ignored =
-          target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
-      grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss).to(grad.scalar_type()));
-    } else if (scale != 1.0) {
-      grad.mul_(scale);
-    }
-    out[0] = std::move(grad);
-    return out;
-  }
-};
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_eager_inplace(
-    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight, std::int64_t red,
-    std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap, double z_loss_scale) {
   // torch's in-place rules, checked here in grad mode (forward runs without it, where they pass everything)
-  torch::autograd::check_inplace(logits, /*requires_grad=*/true);
+  if constexpr (kWrite == GradWrite::in_place) torch::autograd::check_inplace(logits, /*requires_grad=*/true);
   RowOutputs rows;
-  auto out = CrossEntropyEagerInPlace::apply(logits, target, weight, red, ignore_index, label_smoothing, logit_scale,
-                                             softcap, z_loss_scale, &rows);
+  auto out = CrossEntropyEagerNode<kWrite>::apply(logits, target, weight, red, ignore_index, label_smoothing,
+                                                  logit_scale, softcap, z_loss_scale, &rows);
   return {out[0], rows[0], rows[1]};
 }
 
@@ -332,12 +315,12 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "cross_entropy_backward(Tensor grad_output, Tensor input, Tensor target, Tensor lse, Tensor? weight, "
       "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, "
       "float z_loss_scale) -> Tensor");
-  // Internal: the eager fast path of lossfuse.nn.functional.cross_entropy (see CrossEntropyEager); not traceable.
+  // Internal: the eager fast path of lossfuse.nn.functional.cross_entropy (see CrossEntropyEagerNode); not traceable.
   m.def(
       "_cross_entropy_eager(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index, "
       "float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
       "-> (Tensor loss, Tensor lse, Tensor z_loss)");
-  // Internal: cross_entropy(..., inplace=True) in plain eager mode (see CrossEntropyEagerInPlace); not traceable.
+  // Internal: cross_entropy(..., inplace=True) in plain eager mode (see CrossEntropyEagerNode); not traceable.
   m.def(
       "_cross_entropy_eager_inplace(Tensor(a!) input, Tensor target, Tensor? weight, int reduction, "
       "int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale) "
@@ -364,7 +347,7 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
-  m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager);
-  m.impl("_cross_entropy_eager_inplace", &lossfuse::torch_binding::cross_entropy_eager_inplace);
+  m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager<lossfuse::GradWrite::separate>);
+  m.impl("_cross_entropy_eager_inplace", &lossfuse::torch_binding::cross_entropy_eager<lossfuse::GradWrite::in_place>);
   m.impl("_check_inplace", &lossfuse::torch_binding::check_inplace);
 }

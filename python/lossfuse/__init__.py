@@ -16,7 +16,7 @@ from . import _library  # noqa: F401  (loads the kernels before anything registe
 from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
 from . import distributed
-from ._common import ArgumentError
+from ._args import ArgumentError
 from ._vmap import register_vmap_rules as _register_vmap_rules
 from ._patch import patch_torch, unpatch_torch
 

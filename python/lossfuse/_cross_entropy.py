@@ -5,11 +5,13 @@ import math
 import torch
 import torch.nn as _tnn
 
-from ._common import (_plain_eager, acc_dtype, ArgumentError, as_argument_error, autocast_float32, autocasts,
-                      check_class_weight_dtype, check_optional_tensors, check_tensors, class_target_mean,
-                      compiled_autograd_on, differentiable_grads, eager_scalar, forward_ad_active, graph_needed,
-                      in_acc_dtype, is_eager, lse_dtype, new_grad, new_loss, ops, overridable, reduction_code,
-                      register_autograd, torch_label_smoothing, upstream_not_finite)
+from ._args import (ArgumentError, CeOptions, as_argument_error, autocast_float32, autocasts, check_class_weight_dtype,
+                    check_optional_tensors, check_tensors, reduction_code, torch_label_smoothing)
+from ._func import differentiable_grads, graph_needed
+from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad, new_loss
+from ._protocol import overridable
+from ._register import ops, register_autograd, register_loss_fakes
+from ._roads import _plain_eager, compiled_autograd_on, eager_scalar, forward_ad_active, is_eager, upstream_not_finite
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -44,19 +46,12 @@ def _ce_bwd_fake(grad_output, input, target, lse, weight, reduction, ignore_inde
     return new_grad(input, True)
 
 
-@torch.library.register_fake("lossfuse::nll_loss")
-def _nll_fake(input, target, weight, reduction, ignore_index):
-    return new_loss(input, _rows(input), reduction)
-
-
-@torch.library.register_fake("lossfuse::nll_loss_backward")
-def _nll_bwd_fake(grad_output, input, target, weight, reduction, ignore_index):
-    return new_grad(input, True)
-
-
 @torch.library.register_fake("lossfuse::rescale_grad_")
 def _rescale_fake(grad, applied, grad_output):
     return None
+
+
+register_loss_fakes("nll_loss", lambda input, *args: _rows(input))
 
 
 # ---- autograd ------------------------------------------------------------------------------------------------
@@ -70,7 +65,7 @@ def _ce_setup(ctx, inputs, output):
     # Outputs that get no gradient (lse, z_loss, the N x V gradient buffer) must not be filled with zeros for
     # backward: that would cost an N x V allocation and write per step.
     ctx.set_materialize_grads(False)
-    ctx.args = (reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
+    ctx.args = CeOptions(reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale)
     ctx.compute_grad = compute_grad
     ctx.eager_grad = None
     if compute_grad and reduction != 0 and is_eager(grad):
@@ -81,9 +76,10 @@ def _ce_setup(ctx, inputs, output):
     ctx.save_for_backward(input, target, weight, lse, grad if compute_grad else None)
 
 
-def _soft_target_grad(input, target, weight, lse, grad_output, args):
-    """d loss / d target for probability targets: (1 - eps) w_c (lse - z_c) per row, times the upstream grad."""
-    reduction, _, label_smoothing, logit_scale, softcap, _ = args
+def _soft_target_grad(input, target, weight, lse, grad_output, o):
+    """d loss / d target for probability targets: (1 - eps) w_c (lse - z_c) per row, times the upstream grad.
+    o: CeOptions."""
+    reduction, label_smoothing, logit_scale, softcap = o.reduction, o.label_smoothing, o.logit_scale, o.softcap
     cdim = 1 if input.dim() >= 2 else 0
     acc = acc_dtype(input)
     z = input.to(acc) * logit_scale
@@ -107,9 +103,9 @@ def _soft_target_grad(input, target, weight, lse, grad_output, args):
     return g.to(target.dtype)
 
 
-def _ce_differentiable(input, target, weight, args):
-    """The loss as a composition of differentiable torch ops (for create_graph=True backward passes)."""
-    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = args
+def _ce_differentiable(input, target, weight, o):
+    """The loss as a composition of differentiable torch ops (for create_graph=True backward passes); o: CeOptions."""
+    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = o
     cdim = 1 if input.dim() >= 2 else 0
     z = input * logit_scale
     if softcap > 0:
@@ -159,14 +155,14 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             grad_input = grad
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
             cdim = 1 if input.dim() >= 2 else 0
-            go = grad_loss.unsqueeze(cdim) if ctx.args[0] == 0 and grad_loss.dim() else grad_loss
+            go = grad_loss.unsqueeze(cdim) if ctx.args.reduction == 0 and grad_loss.dim() else grad_loss
             grad_input = (grad * go).to(grad.dtype)
             if not target.is_floating_point():
                 # the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do, whatever the
                 # upstream gradient: scaled by NaN or inf, their zeros would turn NaN. No value is read (this road
                 # is the traced one); under torch.compile the select fuses into the multiply. Compared in int64: a
                 # uint8 target would wrap ignore_index -100 to 156.
-                grad_input = torch.where((target.long() != ctx.args[1]).unsqueeze(cdim), grad_input, grad)
+                grad_input = torch.where((target.long() != ctx.args.ignore_index).unsqueeze(cdim), grad_input, grad)
         else:
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
     if ctx.needs_input_grad[1] and target.is_floating_point():
@@ -197,7 +193,7 @@ def _is_one(t):
 
 register_autograd("cross_entropy", _ce_backward, _ce_setup,
                   lambda input, target, weight, *args: _ce_differentiable(*in_acc_dtype([input, target, weight]),
-                                                                          args[:6]),
+                                                                          CeOptions(*args[:6])),
                   # class weights carry tangents for probability targets only, as in torch
                   outputs=4, differentiable=lambda args: (0, 1, 2) if args[1].is_floating_point() else (0,))
 
@@ -384,7 +380,7 @@ def _autocast_class_target_logits(input, soft):
 def _ce_outputs(loss, lse, z_loss, dtype, return_lse, return_z_loss, lse_dtype):
     out = (loss if loss.dtype == dtype else loss.to(dtype),)
     if return_lse:
-        # lse_dtype: acc_dtype of the logits the op read (the op saves lse in float64, _common.lse_dtype)
+        # lse_dtype: acc_dtype of the logits the op read (the op saves lse in float64, _outputs.lse_dtype)
         out += (lse if lse.dtype == lse_dtype else lse.to(lse_dtype),)
     if return_z_loss:
         out += (z_loss if z_loss.dtype == dtype else z_loss.to(dtype),)

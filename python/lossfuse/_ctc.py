@@ -5,8 +5,10 @@ import operator
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, autocast_float32, new_grad, new_loss, ops, overridable, reduction_code,
-                      register_autograd, to_input_dtype)
+from ._args import autocast_float32, reduction_code
+from ._outputs import acc_dtype, new_grad, new_loss, to_input_dtype
+from ._protocol import overridable
+from ._register import ops, register_autograd
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 

@@ -14,9 +14,9 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._common import (autocast_float32, check_optional_tensors, check_tensors, differentiable_grads, finite,
-                      graph_needed, in_acc_dtype, new_grad, new_loss, ops, overridable, reduction_code,
-                      register_autograd)
+from ._args import autocast_float32, check_optional_tensors, check_tensors, finite, reduction_code
+from ._protocol import overridable
+from ._register import ops, register_loss, register_loss_fakes, same_shape
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _MAX_DIMS = 8  # lossfuse::kMaxDims
@@ -56,93 +56,19 @@ def _gaussian_formula(x, t, v, full, eps, reduction):
 # ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------------
 
 
-def _fake_loss(input, reduction):
-    return new_loss(input, input.shape, reduction)
-
-
-def _fake_grads(operands, mask):
-    return tuple(new_grad(t, wanted) for t, wanted in zip(operands, mask))
-
-
-@torch.library.register_fake("lossfuse::binary_cross_entropy")
-def _bce_fake(input, target, weight, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::binary_cross_entropy_backward")
-def _bce_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::binary_cross_entropy_with_logits")
-def _bce_logits_fake(input, target, weight, pos_weight, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::binary_cross_entropy_with_logits_backward")
-def _bce_logits_bwd_fake(grad_output, input, target, weight, pos_weight, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::poisson_nll_loss")
-def _poisson_fake(input, target, log_input, full, eps, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::poisson_nll_loss_backward")
-def _poisson_bwd_fake(grad_output, input, target, log_input, full, eps, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::gaussian_nll_loss")
-def _gaussian_fake(input, target, var, full, eps, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::gaussian_nll_loss_backward")
-def _gaussian_bwd_fake(grad_output, input, target, var, full, eps, reduction, output_mask):
-    return _fake_grads((input, target, var), output_mask)
+for _name in ("binary_cross_entropy", "binary_cross_entropy_with_logits", "poisson_nll_loss", "gaussian_nll_loss"):
+    register_loss_fakes(_name, same_shape)
 
 
 # ---- autograd ------------------------------------------------------------------------------------------------------
 
 
-def _register_autograd(name, n_operands, n_tensors, formula):
-    """Autograd for lossfuse::<name>, whose first n_operands arguments are the differentiable operands, followed by
-    non-differentiable tensors (weights) up to n_tensors, then the scalar arguments. The backward calls
-    lossfuse::<name>_backward for the gradients asked for, or differentiates `formula` (torch's own computation)
-    when a double backward will follow."""
-    backward_op = getattr(_ops, name + "_backward")
-
-    def setup_context(ctx, inputs, output):
-        ctx.args = tuple(inputs[n_tensors:])
-        ctx.save_for_backward(*inputs[:n_tensors])
-
-    def backward(ctx, grad_output):
-        tensors = ctx.saved_tensors
-        wanted = list(ctx.needs_input_grad[:n_operands])
-        grads = [None] * n_operands
-        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow: a differentiable graph
-            # In the loss's (accumulation) dtype, as the op; each gradient comes back in its operand's dtype.
-            acc = grad_output.dtype
-            grads = differentiable_grads(
-                lambda *ts: formula(*[None if t is None else t.to(acc) for t in ts], *ctx.args), tensors, wanted,
-                grad_output)[:n_operands]
-        elif any(wanted):
-            computed = backward_op(grad_output, *tensors, *ctx.args, wanted)
-            grads = [g if w else None for g, w in zip(computed, wanted)]
-        return (*grads, *[None] * (n_tensors - n_operands + len(ctx.args)))
-
-    register_autograd(name, backward, setup_context,
-                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
-                      # bce's weight: torch's forward derivative ignores it (and fails on a dual one)
-                      differentiable=range(n_operands) if name == "binary_cross_entropy" else None)
-
-
-_register_autograd("binary_cross_entropy", 2, 3, _bce_formula)
-_register_autograd("binary_cross_entropy_with_logits", 2, 4, _bce_logits_formula)
-_register_autograd("poisson_nll_loss", 2, 2, _poisson_formula)
-_register_autograd("gaussian_nll_loss", 3, 3, _gaussian_formula)
+# (name, torch composition, tensors, of which the first ones take gradients)
+# bce's weight: torch's forward derivative ignores it (and fails on a dual one)
+register_loss("binary_cross_entropy", _bce_formula, 3, 2, differentiable=range(2))
+register_loss("binary_cross_entropy_with_logits", _bce_logits_formula, 4, 2)
+register_loss("poisson_nll_loss", _poisson_formula, 2, 2)
+register_loss("gaussian_nll_loss", _gaussian_formula, 3, 3)
 
 
 # ---- argument handling shared by the functions -----------------------------------------------------------------

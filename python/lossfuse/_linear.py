@@ -1,14 +1,18 @@
 """linear_cross_entropy: cross_entropy(input @ linear_weight.T + linear_bias, target) without the N x V logits."""
 
+import collections
 import warnings
 
 import torch
 import torch.nn as _tnn
 
-from ._common import (acc_dtype, ArgumentError, autocast_float32, autocast_lower, check_class_weight_dtype,
-                      class_target_mean, differentiable_grads, graph_needed, in_acc_dtype, is_eager, lse_dtype,
-                      new_grad, ops, overridable, reduction_code, register_autograd, torch_label_smoothing,
-                      upstream_not_finite)
+from ._args import (ArgumentError, CeOptions, autocast_float32, autocast_lower, check_class_weight_dtype,
+                    reduction_code, torch_label_smoothing)
+from ._func import differentiable_grads, graph_needed
+from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad
+from ._protocol import overridable
+from ._register import ops, register_autograd
+from ._roads import is_eager, upstream_not_finite
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -17,6 +21,18 @@ DEFAULT_MEMORY_BUDGET = 0  # auto: 32 MiB of float32 logits per chunk, at least 
 # vocab_tile=None: tiles of this many classes when the weight's gradient is 16-bit (the backward then runs tile by
 # tile, with no V x H float32 accumulator), whole vocabulary rows otherwise.
 AUTO_VOCAB_TILE_16BIT = 1024
+
+
+class LinearCeOptions(collections.namedtuple("LinearCeOptions",
+                                             CeOptions._fields + ("chunk_rows", "memory_budget", "vocab_tile",
+                                                                  "grad_filter"))):
+    """linear_cross_entropy's scalar options, in the order its ops take them: CeOptions' fields, then the chunking."""
+
+    __slots__ = ()
+
+    @property
+    def ce(self):
+        return CeOptions(*self[:len(CeOptions._fields)])
 
 
 def _bias_grad_fake(bias, input, wanted):
@@ -43,7 +59,7 @@ def _lce_bwd_fake(grad_output, input, linear_weight, target, lse, linear_bias, w
 
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight = inputs[:5]
-    ctx.args = tuple(inputs[5:15])  # reduction .. grad_filter
+    ctx.args = LinearCeOptions(*inputs[5:15])
     ctx.precomputed = any(inputs[15])
     ctx.grad_mask = inputs[15]
     loss, lse, z_loss, gx, gw, gb = output
@@ -81,7 +97,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
         # a double backward may follow: differentiate torch's own composition
         def f(x, w, b):
             logits = torch.nn.functional.linear(x, w, b)
-            return _reference_loss(logits, target, weight, ctx.args)
+            return _reference_loss(logits, target, weight, ctx.args.ce)
         out = differentiable_grads(f, (input, linear_weight, linear_bias), wanted, grad_loss)
     elif ctx.precomputed and not upstream_not_finite(grad_loss):
         held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
@@ -90,7 +106,7 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
             if not wanted[i]:
                 continue
             if applied is None:
-                out[i] = _scaled_traced(g, i, grad_loss, input, target, ctx.args[1])
+                out[i] = _scaled_traced(g, i, grad_loss, input, target, ctx.args.ignore_index)
             elif g is None:  # handed over by an earlier backward of a retained graph: computed anew below
                 again[i] = True
             else:
@@ -118,15 +134,17 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
 
 def _lce_composition(input, linear_weight, target, linear_bias, weight, *args):
     input, linear_weight, linear_bias, weight = in_acc_dtype([input, linear_weight, linear_bias, weight])
-    return _reference_loss(torch.nn.functional.linear(input, linear_weight, linear_bias), target, weight, args[:10])
+    return _reference_loss(torch.nn.functional.linear(input, linear_weight, linear_bias), target, weight,
+                           CeOptions(*args[:6]))
 
 
 register_autograd("linear_cross_entropy", _lce_backward, _lce_setup, _lce_composition, outputs=6,
                   differentiable=(0, 1, 3))
 
 
-def _reference_loss(logits, target, weight, args):
-    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = args[:6]
+def _reference_loss(logits, target, weight, o):
+    """cross_entropy of the logits by torch's ops, with lossfuse's options (o: CeOptions)."""
+    reduction, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale = o
     z = logits * logit_scale
     if softcap > 0:
         z = softcap * torch.tanh(z / softcap)

@@ -17,9 +17,10 @@ that broadcast beyond (C) or need a gradient.
 import torch
 import torch.nn as _tnn
 
-from ._common import (autocast_float32, check_class_weight_dtype, check_optional_tensors, check_tensors,
-                      differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
-                      overridable, reduction_code, register_autograd, sign_target)
+from ._args import (autocast_float32, check_class_weight_dtype, check_optional_tensors, check_tensors, finite, infinite,
+                    reduction_code, sign_target)
+from ._protocol import overridable
+from ._register import ops, register_loss, register_loss_fakes, row_dims
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _log_sigmoid = torch._C._nn.log_sigmoid  # torch's own kernel, untouched by patch_torch()
@@ -91,106 +92,20 @@ def _multilabel_soft_margin_formula(x, target, weight, reduction):
 # ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------------
 
 
-def _fake_grads(operands, mask):
-    return tuple(new_grad(t, wanted) for t, wanted in zip(operands, mask))
-
-
-@torch.library.register_fake("lossfuse::triplet_margin_loss")
-def _triplet_fake(anchor, positive, negative, margin, p, eps, swap, reduction):
-    return new_loss(anchor, anchor.shape[:-1], reduction)
-
-
-@torch.library.register_fake("lossfuse::triplet_margin_loss_backward")
-def _triplet_bwd_fake(grad_output, anchor, positive, negative, margin, p, eps, swap, reduction, output_mask):
-    return _fake_grads((anchor, positive, negative), output_mask)
-
-
-@torch.library.register_fake("lossfuse::cosine_embedding_loss")
-def _cosine_fake(input1, input2, target, margin, reduction):
-    return new_loss(input1, input1.shape[:-1], reduction)
-
-
-@torch.library.register_fake("lossfuse::cosine_embedding_loss_backward")
-def _cosine_bwd_fake(grad_output, input1, input2, target, margin, reduction, output_mask):
-    return _fake_grads((input1, input2), output_mask)
-
-
-@torch.library.register_fake("lossfuse::multi_margin_loss")
-def _multi_margin_fake(input, target, weight, p, margin, reduction):
-    return new_loss(input, target.shape, reduction)
-
-
-@torch.library.register_fake("lossfuse::multi_margin_loss_backward")
-def _multi_margin_bwd_fake(grad_output, input, target, weight, p, margin, reduction):
-    return new_grad(input, True)
-
-
-@torch.library.register_fake("lossfuse::multilabel_margin_loss")
-def _multilabel_margin_fake(input, target, reduction):
-    return new_loss(input, input.shape[:-1], reduction)
-
-
-@torch.library.register_fake("lossfuse::multilabel_margin_loss_backward")
-def _multilabel_margin_bwd_fake(grad_output, input, target, reduction):
-    return new_grad(input, True)
-
-
-@torch.library.register_fake("lossfuse::multilabel_soft_margin_loss")
-def _mlsm_fake(input, target, weight, reduction):
-    return new_loss(input, input.shape[:-1], reduction)
-
-
-@torch.library.register_fake("lossfuse::multilabel_soft_margin_loss_backward")
-def _mlsm_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
+for _name in ("triplet_margin_loss", "cosine_embedding_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss"):
+    register_loss_fakes(_name, row_dims)
+register_loss_fakes("multi_margin_loss", lambda input, target, *args: target.shape)
 
 
 # ---- autograd ------------------------------------------------------------------------------------------------------
 
 
-def _differentiable_grads(formula, tensors, wanted, grad_output):
-    """differentiable_grads of formula, run in the loss's (accumulation) dtype, the dtype of grad_output, on the
-    floating tensors; the gradients come back in each tensor's dtype."""
-    acc = grad_output.dtype
-    return differentiable_grads(
-        lambda *ts: formula(*[t.to(acc) if t is not None and t.is_floating_point() else t for t in ts]), tensors,
-        wanted, grad_output)
-
-
-def _register_autograd(name, n_tensors, n_differentiable, formula, masked):
-    """Autograd for lossfuse::<name>: its first n_tensors arguments are tensors, of which the first
-    n_differentiable may need gradients; the scalar arguments follow. The backward calls lossfuse::<name>_backward
-    (with an output_mask when `masked`), or differentiates `formula` when a double backward will follow."""
-    backward_op = getattr(_ops, name + "_backward")
-
-    def setup_context(ctx, inputs, output):
-        ctx.args = tuple(inputs[n_tensors:])
-        ctx.save_for_backward(*inputs[:n_tensors])
-
-    def backward(ctx, grad_output):
-        tensors = ctx.saved_tensors
-        wanted = list(ctx.needs_input_grad[:n_differentiable])
-        grads = [None] * n_differentiable
-        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow
-            wanted_all = wanted + [False] * (n_tensors - n_differentiable)
-            grads = _differentiable_grads(lambda *ts: formula(*ts, *ctx.args), tensors, wanted_all,
-                                          grad_output)[:n_differentiable]
-        elif masked and any(wanted):
-            computed = backward_op(grad_output, *tensors, *ctx.args, wanted)
-            grads = [g if w else None for g, w in zip(computed, wanted)]
-        elif any(wanted):
-            grads[0] = backward_op(grad_output, *tensors, *ctx.args)
-        return (*grads, *[None] * (n_tensors - n_differentiable + len(ctx.args)))
-
-    register_autograd(name, backward, setup_context,
-                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]))
-
-
-_register_autograd("triplet_margin_loss", 3, 3, _triplet_formula, masked=True)
-_register_autograd("cosine_embedding_loss", 3, 2, _cosine_formula, masked=True)
-_register_autograd("multi_margin_loss", 3, 1, _multi_margin_formula, masked=False)  # (input, target, weight)
-_register_autograd("multilabel_margin_loss", 2, 1, _multilabel_margin_formula, masked=False)
-_register_autograd("multilabel_soft_margin_loss", 3, 2, _multilabel_soft_margin_formula, masked=True)
+# (name, torch composition, tensors, of which the first ones take gradients)
+register_loss("triplet_margin_loss", _triplet_formula, 3, 3)
+register_loss("cosine_embedding_loss", _cosine_formula, 3, 2)
+register_loss("multi_margin_loss", _multi_margin_formula, 3, 1)  # (input, target, weight)
+register_loss("multilabel_margin_loss", _multilabel_margin_formula, 2, 1)
+register_loss("multilabel_soft_margin_loss", _multilabel_soft_margin_formula, 3, 2)
 
 
 # ---- argument handling shared by the functions -----------------------------------------------------------------

@@ -14,9 +14,10 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._common import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors,
-                      differentiable_grads, finite, graph_needed, in_acc_dtype, infinite, new_grad, new_loss, ops,
-                      overridable, reduction_code, register_autograd, sign_target)
+from ._args import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors, finite, infinite,
+                    reduction_code, sign_target)
+from ._protocol import overridable
+from ._register import ops, register_loss, register_loss_fakes, same_shape
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _nn = torch._C._nn  # torch's own kernels, untouched by patch_torch(): the double-backward path uses them
@@ -77,93 +78,12 @@ def _margin_ranking_formula(x1, x2, t, margin, reduction):
 # ---- fake (meta) implementations: shapes and dtypes only, for torch.compile and FakeTensor tracing ----------------
 
 
-def _fake_loss(input, reduction):
-    return new_loss(input, input.shape, reduction)
-
-
-def _fake_grads(operands, mask):
-    return tuple(new_grad(t, wanted) for t, wanted in zip(operands, mask))
-
-
-@torch.library.register_fake("lossfuse::mse_loss")
-def _mse_fake(input, target, weight, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::mse_loss_backward")
-def _mse_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::l1_loss")
-def _l1_fake(input, target, weight, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::l1_loss_backward")
-def _l1_bwd_fake(grad_output, input, target, weight, reduction, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::smooth_l1_loss")
-def _smooth_l1_fake(input, target, reduction, beta):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::smooth_l1_loss_backward")
-def _smooth_l1_bwd_fake(grad_output, input, target, reduction, beta, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::huber_loss")
-def _huber_fake(input, target, weight, reduction, delta):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::huber_loss_backward")
-def _huber_bwd_fake(grad_output, input, target, weight, reduction, delta, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::kl_div")
-def _kl_div_fake(input, target, reduction, batchmean, log_target):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::kl_div_backward")
-def _kl_div_bwd_fake(grad_output, input, target, reduction, batchmean, log_target, output_mask):
-    return _fake_grads((input, target), output_mask)
-
-
-@torch.library.register_fake("lossfuse::hinge_embedding_loss")
-def _hinge_fake(input, target, margin, reduction):
-    return _fake_loss(input, reduction)
-
-
-@torch.library.register_fake("lossfuse::hinge_embedding_loss_backward")
-def _hinge_bwd_fake(grad_output, input, target, margin, reduction):
-    return new_grad(input, True)
-
-
-@torch.library.register_fake("lossfuse::margin_ranking_loss")
-def _margin_ranking_fake(input1, input2, target, margin, reduction):
-    return _fake_loss(input1, reduction)
-
-
-@torch.library.register_fake("lossfuse::margin_ranking_loss_backward")
-def _margin_ranking_bwd_fake(grad_output, input1, input2, target, margin, reduction, output_mask):
-    return _fake_grads((input1, input2, target), output_mask)
+for _name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "hinge_embedding_loss",
+              "margin_ranking_loss"):
+    register_loss_fakes(_name, same_shape)
 
 
 # ---- autograd ------------------------------------------------------------------------------------------------------
-
-
-def _differentiable_grads(formula, tensors, wanted, grad_output):
-    """differentiable_grads of formula, run in the loss's (accumulation) dtype, the dtype of grad_output; the
-    gradients come back in each tensor's."""
-    acc = grad_output.dtype
-    return differentiable_grads(lambda *ts: formula(*[None if t is None else t.to(acc) for t in ts]), tensors, wanted,
-                                grad_output)
 
 
 def _weight_grad(op, x, t, w, loss, grad_output, reduction, extra, mean_by_weight_sum):
@@ -179,54 +99,21 @@ def _weight_grad(op, x, t, w, loss, grad_output, reduction, extra, mean_by_weigh
     return (grad_output * per_element).to(w.dtype)
 
 
-def _register_autograd(name, n_operands, formula, weighted=False, mean_by_weight_sum=False):
-    """Autograd for lossfuse::<name>, whose first n_operands arguments are the differentiable operands, followed by
-    `Tensor? weight` when `weighted`, then the scalar arguments. The backward calls lossfuse::<name>_backward for
-    the operands' gradients (the weight's is computed here), or differentiates `formula` when a double backward
-    will follow."""
+def _weighted(name, mean_by_weight_sum):
+    """weight_grad of register_loss for a weighted mse/l1/huber op."""
     op = getattr(_ops, name)
-    backward_op = getattr(_ops, name + "_backward")
-    n_tensors = n_operands + int(weighted)
-
-    def setup_context(ctx, inputs, output):
-        ctx.args = tuple(inputs[n_tensors:])
-        weight = inputs[n_operands] if weighted else None
-        # The loss is needed by a weighted mean's weight gradient only.
-        keep_loss = weight is not None and weight.requires_grad
-        ctx.save_for_backward(*inputs[:n_tensors], output if keep_loss else None)
-
-    def backward(ctx, grad_output):
-        *tensors, loss = ctx.saved_tensors
-        none_for_args = [None] * len(ctx.args)
-        wanted = list(ctx.needs_input_grad[:n_tensors])
-        if graph_needed(grad_output, tensors, wanted):  # a double backward may follow
-            grads = _differentiable_grads(lambda *ts: formula(*ts, *ctx.args), tensors, wanted, grad_output)
-            return (*grads, *none_for_args)
-        grads = [None] * n_tensors
-        mask = wanted[:n_operands]
-        if name == "hinge_embedding_loss":  # the input's gradient only, as torch
-            if mask[0]:
-                grads[0] = backward_op(grad_output, *tensors, *ctx.args)
-        elif any(mask):
-            computed = backward_op(grad_output, *tensors, *ctx.args, mask)
-            grads[:n_operands] = [g if m else None for g, m in zip(computed, mask)]
-        if weighted and wanted[n_operands]:
-            x, t, w = tensors
-            grads[n_operands] = _weight_grad(op, x, t, w, loss, grad_output, ctx.args[0], ctx.args[1:],
-                                             mean_by_weight_sum)
-        return (*grads, *none_for_args)
-
-    register_autograd(name, backward, setup_context,
-                      lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]))
+    return lambda tensors, loss, grad_output, args: _weight_grad(op, *tensors, loss, grad_output, args[0], args[1:],
+                                                                 mean_by_weight_sum)
 
 
-_register_autograd("mse_loss", 2, _mse_formula, weighted=True, mean_by_weight_sum=True)
-_register_autograd("l1_loss", 2, _l1_formula, weighted=True, mean_by_weight_sum=True)
-_register_autograd("smooth_l1_loss", 2, _smooth_l1_formula)
-_register_autograd("huber_loss", 2, _huber_formula, weighted=True)
-_register_autograd("kl_div", 2, _kl_div_formula)
-_register_autograd("hinge_embedding_loss", 2, _hinge_formula)
-_register_autograd("margin_ranking_loss", 3, _margin_ranking_formula)
+# (name, torch composition, tensors, of which the first ones take gradients from the backward op, weight gradient)
+register_loss("mse_loss", _mse_formula, 3, 2, _weighted("mse_loss", True))
+register_loss("l1_loss", _l1_formula, 3, 2, _weighted("l1_loss", True))
+register_loss("smooth_l1_loss", _smooth_l1_formula, 2, 2)
+register_loss("huber_loss", _huber_formula, 3, 2, _weighted("huber_loss", False))
+register_loss("kl_div", _kl_div_formula, 2, 2)
+register_loss("hinge_embedding_loss", _hinge_formula, 2, 2)  # the backward op gives the input's gradient alone
+register_loss("margin_ranking_loss", _margin_ranking_formula, 3, 3)
 
 
 # ---- argument handling shared by the functions -----------------------------------------------------------------

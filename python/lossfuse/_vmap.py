@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from ._common import forward_mode_missed
+from ._args import CeOptions
+from ._func import forward_mode_missed
 
 _MAX_DIMS = 8  # lossfuse::kMaxDims
 
@@ -248,7 +249,8 @@ class _CrossEntropy(_Classes):
                 else:
                     upstream = scale.to(torch.float64 if input.dtype == torch.float64 else torch.float32)
                     grad = torch.ops.lossfuse.cross_entropy_backward(
-                        upstream, input, args[self.target], lse.reshape(-1), args[self.weight], 0, *args[4:9])
+                        upstream, input, args[self.target], lse.reshape(-1), args[self.weight],
+                        *CeOptions(*args[3:9])._replace(reduction=0))
             grad = grad.reshape(n, *shape)
         return (loss, lse, z_loss, grad), (0, 0, 0, 0)
 

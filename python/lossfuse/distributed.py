@@ -15,6 +15,7 @@ cross_entropy would give on the logits concatenated along the classes, without g
 Eager mode (autograd, no torch.compile); first derivatives only.
 """
 
+import collections
 import math
 import operator
 import struct
@@ -22,12 +23,21 @@ import struct
 import torch
 import torch.distributed as dist
 
-from ._common import ArgumentError, acc_dtype, as_argument_error, autocast_lower, reduction_code
+from ._args import ArgumentError, as_argument_error, autocast_lower, CeOptions, reduction_code
+from ._outputs import acc_dtype
 from ._cross_entropy import _no_internal_overlap
 
 __all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_linear_cross_entropy"]
 
 _LOCAL_IGNORE = -1  # the ignore_index of the local targets handed to the kernels (never a class of a slice)
+
+
+# What the vocab-parallel Functions carry: CeOptions' fields, the rank's slice, the group, and per Function: inplace
+# (vocab_parallel_cross_entropy), chunk_rows and reduce_input_grad (the linear one).
+_SliceOptions = collections.namedtuple(
+    "_SliceOptions",
+    CeOptions._fields + ("vocab_start", "vocab_size", "group", "inplace", "chunk_rows", "reduce_input_grad"),
+    defaults=(False, 0, True))
 
 
 def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None, vocab_size=None, ignore_index=-100,
@@ -64,10 +74,9 @@ def vocab_parallel_cross_entropy(input, target, group=None, *, vocab_start=None,
     error, args = _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index, reduction,
                                    label_smoothing, logit_scale, softcap, z_loss_scale, inplace)
     vocab_start, vocab_size = _agree(name, input, target, vocab_start, vocab_size, error, args, group)
-    red, ignore_index, eps, scale, cap, zs = args
     try:
-        return _VocabParallelCE.apply(input, target, (red, ignore_index, eps, scale, cap, zs, vocab_start,
-                                                      vocab_size, group, bool(inplace)))
+        return _VocabParallelCE.apply(input, target, _SliceOptions(*args, vocab_start, vocab_size, group,
+                                                                   inplace=bool(inplace)))
     except ValueError as e:
         raise as_argument_error(e) from None
 
@@ -100,12 +109,12 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         if input.shape[-1] < 1:
             raise ArgumentError(f"lossfuse: {name}: input: expected at least one class on this rank, got 0")
         eps = float(label_smoothing)
-        args = (reduction_code(reduction, legacy_names=False), int(ignore_index), eps if eps > 0 else 0.0,
+        args = CeOptions(reduction_code(reduction, legacy_names=False), int(ignore_index), eps if eps > 0 else 0.0,
                 float(logit_scale), float(softcap), float(z_loss_scale))  # negative or NaN: no smoothing, as torch
-        if not args[2] <= 1.0:
+        if not args.label_smoothing <= 1.0:
             raise ArgumentError(f"lossfuse: {name}: label_smoothing: expected a value in [0, 1], got "
                                 f"{label_smoothing}")
-        zs = args[5]
+        zs = args.z_loss_scale
         if not (math.isfinite(zs) and zs >= 0) or (input.dtype != torch.float64 and not _float32_holds(zs)):
             # checked here: the forward computes the z-loss itself, the kernels see it in backward only
             raise ArgumentError(f"lossfuse: {name}: z_loss_scale: expected a finite value >= 0 that float32 holds "
@@ -118,7 +127,7 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
             if first < 0 or first + input.shape[-1] > size:
                 raise ArgumentError(f"lossfuse: {name}: vocab_start: expected this rank's {input.shape[-1]} classes "
                                     f"from vocab_start to lie in [0, vocab_size = {size}), got vocab_start {first}")
-        for arg, v in (("ignore_index", args[1]), ("vocab_start", vocab_start), ("vocab_size", vocab_size)):
+        for arg, v in (("ignore_index", args.ignore_index), ("vocab_start", vocab_start), ("vocab_size", vocab_size)):
             if v is not None and not -(1 << 62) < int(v) < 1 << 62:
                 raise ArgumentError(f"lossfuse: {name}: {arg}: expected a value of magnitude below 2^62, got {v}")
         if inplace and input.requires_grad and torch.is_grad_enabled():
@@ -144,11 +153,12 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group, dev
     if error is None:
         try:  # nothing may raise on one rank alone before the all_gather
             t = target.reshape(-1).long()
-            counted = t[t != args[1]]
+            counted = t[t != args.ignore_index]
             mine = [0, input.shape[-1], -1 if vocab_start is None else int(vocab_start),
                     -1 if vocab_size is None else int(vocab_size), _DTYPES.index(input.dtype), t.numel(),
                     int(counted.min()) if counted.numel() else 0, int(counted.max()) if counted.numel() else 0,
-                    _checksum(t), args[0], args[1]] + [_bits(v) for v in args[2:]] + [int(v) for _, v in extra]
+                    _checksum(t), args.reduction, args.ignore_index] + [_bits(v) for v in args[2:]] + \
+                [int(v) for _, v in extra]
         except Exception as e:  # noqa: BLE001
             error = e if isinstance(e, TypeError) else as_argument_error(e)
             mine = [1] + [0] * (len(keys) - 1)
@@ -182,11 +192,11 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group, dev
                                 f"and vocab_size {[i['vocab'] for i in infos]} by rank")
     if min(i["min"] for i in infos) < 0 or max(i["max"] for i in infos) >= vocab:
         t = target.long()
-        bad = (t != args[1]) & ((t < 0) | (t >= vocab))
+        bad = (t != args.ignore_index) & ((t < 0) | (t >= vocab))
         first = int(bad.reshape(-1).nonzero()[0])
         position = [int(i) for i in torch.unravel_index(torch.tensor(first), tuple(target.shape))]
         raise IndexError(f"lossfuse: {name}: target: expected a class index in [0, {vocab}) or ignore_index "
-                         f"({args[1]}), got {int(t.reshape(-1)[first])} at position {position}")
+                         f"({args.ignore_index}), got {int(t.reshape(-1)[first])} at position {position}")
     return starts[rank], vocab
 
 
@@ -277,13 +287,13 @@ def _full_rows(stats, valid, eps, zs, vocab, group):
     return lse, torch.where(valid, rows, 0)
 
 
-def _whole_loss(stats, valid, options, target_shape, dtype):
-    """(lse, counted rows, loss in dtype) of the whole vocabulary from this rank's per-row statistics."""
-    red, _, eps, _, _, zs, _, vocab, group = options[:9]
-    lse, rows = _full_rows(stats, valid, eps, zs, vocab, group)
+def _whole_loss(stats, valid, o, target_shape, dtype):
+    """(lse, counted rows, loss in dtype) of the whole vocabulary from this rank's per-row statistics (o:
+    _SliceOptions)."""
+    lse, rows = _full_rows(stats, valid, o.label_smoothing, o.z_loss_scale, o.vocab_size, o.group)
     count = valid.sum()
-    loss = _reduce(rows, red, count, lse.dtype)
-    return lse, count, (loss.reshape(target_shape) if red == 0 else loss).to(dtype)
+    loss = _reduce(rows, o.reduction, count, lse.dtype)
+    return lse, count, (loss.reshape(target_shape) if o.reduction == 0 else loss).to(dtype)
 
 
 def _reduce(rows, red, count, acc):
@@ -293,11 +303,11 @@ def _reduce(rows, red, count, acc):
     return (loss / count if red == 1 else loss).to(acc)
 
 
-def _slice_grad(x, t_local, lse, valid, mine, go, red, count, options, inplace):
+def _slice_grad(x, t_local, lse, valid, mine, go, red, count, o, inplace):
     """The gradient of one slice's logits x (rows, C_rank) from the whole vocabulary's lse (float64): go the upstream
     gradient (per row for reduction 'none', else the scalar) in the accumulation dtype, count the counted rows of the
-    whole batch. inplace: written over x."""
-    _, _, eps, scale, softcap, zs, _, vocab = options[:8]
+    whole batch. o: _SliceOptions. inplace: written over x."""
+    eps, scale, softcap, zs, vocab = o.label_smoothing, o.logit_scale, o.softcap, o.z_loss_scale, o.vocab_size
     classes = x.shape[1]
     acc = acc_dtype(x)
     # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
@@ -328,10 +338,10 @@ def _slice_grad(x, t_local, lse, valid, mine, go, red, count, options, inplace):
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, options):
-        _, ignore_index, eps, scale, softcap, _, start = options[:7]
+        o = options
         x = input.reshape(-1, input.shape[-1])
-        stats, t_local, valid, mine = _slice_stats(x, target.reshape(-1).long(), ignore_index, eps, scale, softcap,
-                                                   start)
+        stats, t_local, valid, mine = _slice_stats(x, target.reshape(-1).long(), o.ignore_index, o.label_smoothing,
+                                                   o.logit_scale, o.softcap, o.vocab_start)
         lse, count, loss = _whole_loss(stats, valid, options, target.shape, input.dtype)
         ctx.save_for_backward(x, t_local, lse, valid, mine, count)
         ctx.options = options
@@ -342,10 +352,10 @@ class _VocabParallelCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         x, t_local, lse, valid, mine, count = ctx.saved_tensors
-        red, inplace = ctx.options[0], ctx.options[-1]
+        red = ctx.options.reduction
         go = grad_loss.to(acc_dtype(x))
         g = _slice_grad(x, t_local, lse, valid, mine, go.reshape(-1) if red == 0 else go, red, count, ctx.options,
-                        inplace)
+                        ctx.options.inplace)
         return g.reshape(ctx.input_shape), None, None
 
 
@@ -397,15 +407,14 @@ def vocab_parallel_linear_cross_entropy(input, linear_weight, target, group=None
              ("input requires grad", need_x))
     vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group, device,
                                      extra)
-    red, ignore_index, eps, scale, cap, zs = args
     classes = linear_weight.shape[0]
     acc = acc_dtype(input)
     rows = chunk_rows or max(1, (32 << 20) // (classes * torch.finfo(acc).bits // 8))
     try:
         with torch.autocast(device.type, enabled=False):
             loss = _VocabParallelLinearCE.apply(input, linear_weight, linear_bias, target,
-                                                (red, ignore_index, eps, scale, cap, zs, vocab_start, vocab_size,
-                                                 group, rows, bool(reduce_input_grad)))
+                                                _SliceOptions(*args, vocab_start, vocab_size, group, chunk_rows=rows,
+                                                              reduce_input_grad=bool(reduce_input_grad)))
     except ValueError as e:
         raise as_argument_error(e) from None
     return loss if autocasting else loss.to(input.dtype)
@@ -474,8 +483,8 @@ def _chunk_logits(x, w, b, acc):
 class _VocabParallelLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, target, options):
-        _, ignore_index, eps, scale, softcap, _, start = options[:7]
-        chunk = options[9]
+        o = options
+        chunk = o.chunk_rows
         x = input.reshape(-1, input.shape[-1])
         t = target.reshape(-1).long()
         acc = acc_dtype(input)
@@ -488,7 +497,7 @@ class _VocabParallelLinearCE(torch.autograd.Function):
             r1 = min(n, r0 + chunk)
             logits = _chunk_logits(x[r0:r1], weight, bias, acc)
             stats[:, r0:r1], t_local[r0:r1], valid[r0:r1], mine[r0:r1] = _slice_stats(
-                logits, t[r0:r1], ignore_index, eps, scale, softcap, start)
+                logits, t[r0:r1], o.ignore_index, o.label_smoothing, o.logit_scale, o.softcap, o.vocab_start)
         lse, count, loss = _whole_loss(stats, valid, options, target.shape, acc)  # in acc: rounded by the caller
         ctx.save_for_backward(x, weight, bias, t_local, lse, valid, mine, count)
         ctx.options = options
@@ -499,7 +508,8 @@ class _VocabParallelLinearCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         x, weight, bias, t_local, lse, valid, mine, count = ctx.saved_tensors
-        red, group, chunk, reduce_dx = ctx.options[0], ctx.options[8], ctx.options[9], ctx.options[10]
+        o = ctx.options
+        red, group, chunk, reduce_dx = o.reduction, o.group, o.chunk_rows, o.reduce_input_grad
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         acc = acc_dtype(x)
         go = grad_loss.to(acc).reshape(-1) if red == 0 else grad_loss.to(acc)
@@ -512,7 +522,7 @@ class _VocabParallelLinearCE(torch.autograd.Function):
                 r1 = min(n, r0 + chunk)
                 xc = x[r0:r1].to(acc)
                 g = _slice_grad(_chunk_logits(xc, weight, bias, acc), t_local[r0:r1], lse[r0:r1], valid[r0:r1],
-                                mine[r0:r1], go[r0:r1] if red == 0 else go, red, count, ctx.options[:8], True)
+                                mine[r0:r1], go[r0:r1] if red == 0 else go, red, count, o, True)
                 for c0, wb in _weight_blocks(weight, acc) if need_x or need_w else ():
                     gb = g[:, c0:c0 + wb.shape[0]]
                     if need_x:
