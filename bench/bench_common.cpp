@@ -373,6 +373,28 @@ std::string time_row(Run& run, Row& row, const std::function<void()>& kernel, co
   return result;
 }
 
+void check_and_time(Run& run, Row row, const std::function<void()>& kernel, const std::function<std::string()>& check,
+                    const ProbeSpec& probe, double moved, const std::function<void()>* baseline) {
+  try {
+    kernel();
+  } catch (const std::exception& e) {
+    row.check = "error";
+    row.note = e.what();
+    run.add(std::move(row));
+    run.finish_step("error: lossfuse threw");
+    return;
+  }
+  if (const std::string problem = check(); !problem.empty()) {
+    row.check = "FAIL";
+    row.note = problem + " (timed anyway)";
+  }
+  const std::function<void()> probe_fn = probe.copy ? copy_probe(probe.src, probe.dst, probe.bytes, run.threads())
+                                                    : read_probe(probe.src, probe.bytes, run.threads());
+  const std::string result = time_row(run, row, kernel, probe_fn, probe.copy ? "copy" : "read", moved, baseline);
+  run.add(std::move(row));
+  run.finish_step(result);
+}
+
 bool register_suite(Suite suite) {
   registry().push_back(std::move(suite));
   return true;

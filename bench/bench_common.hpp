@@ -194,6 +194,20 @@ class Run;
 std::string time_row(Run& run, Row& row, const std::function<void()>& kernel, const std::function<void()>& probe,
                      const char* probe_name, double moved, const std::function<void()>* baseline = nullptr);
 
+// The check-then-time tail every entry shares, for one row: runs `kernel` once (a throw makes the row an error row,
+// not timed); `check()` then returns "" when the result agrees with its reference, else the disagreement, which makes
+// the row a FAIL (timed anyway); then time_row against the probe of the direction: the read probe of `probe_bytes`
+// at `src` (forward), or the copy probe of `probe_bytes` from `src` to `dst` (with a backward, `copy`). Adds the row
+// and finishes the progress step.
+struct ProbeSpec {
+  bool copy = false;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t bytes = 0;
+};
+void check_and_time(Run& run, Row row, const std::function<void()>& kernel, const std::function<std::string()>& check,
+                    const ProbeSpec& probe, double moved, const std::function<void()>* baseline = nullptr);
+
 // What a group sees while it runs.
 class Run {
  public:

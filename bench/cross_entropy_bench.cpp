@@ -162,73 +162,56 @@ void run_group(Run& run, std::int64_t n, std::int64_t v, DType dtype) {
     auto baseline = [&] { return base.run(backward ? grad.as<T>() : nullptr); };
 
     // Check before timing: one call of each, compared.
-    try {
-      kernel();
-    } catch (const std::exception& e) {
-      row.check = "error";
-      row.note = e.what();
-      run.add(std::move(row));
-      run.finish_step("error: lossfuse threw");
-      continue;
-    }
-    std::vector<float> got_rows;  // sampled gradient rows from lossfuse, saved before the baseline overwrites
-    const std::vector<std::int64_t> sample = {0, n / 2, n - 1};
-    if (backward) {
-      for (std::int64_t r : sample) {
-        for (std::int64_t c = 0; c < v; ++c) {
-          got_rows.push_back(load(grad.as<T>() + r * v, c));
+    auto check = [&]() -> std::string {
+      std::vector<float> got_rows;  // sampled gradient rows from lossfuse, saved before the baseline overwrites
+      const std::vector<std::int64_t> sample = {0, n / 2, n - 1};
+      if (backward) {
+        for (std::int64_t r : sample) {
+          for (std::int64_t c = 0; c < v; ++c) {
+            got_rows.push_back(load(grad.as<T>() + r * v, c));
+          }
         }
       }
-    }
-    const double want = baseline();
-    std::string problem;
-    if (!(rel_err(loss, want) <= kLossRtol)) {
-      problem = "loss " + fixed(loss, 7) + " vs baseline " + fixed(want, 7);
-    }
-    double worst_lse = 0.0;
-    std::int64_t worst_lse_row = 0;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const double e = rel_err(lse.as<float>()[r], base_lse.as<float>()[r]);
-      if (std::isnan(e) || e > worst_lse) {
-        worst_lse = e;
-        worst_lse_row = r;
-        if (std::isnan(e)) {
-          break;
-        }
+      const double want = baseline();
+      std::string problem;
+      if (!(rel_err(loss, want) <= kLossRtol)) {
+        problem = "loss " + fixed(loss, 7) + " vs baseline " + fixed(want, 7);
       }
-    }
-    if (problem.empty() && !(worst_lse <= kLossRtol)) {
-      problem = "lse[" + std::to_string(worst_lse_row) + "] " + fixed(lse.as<float>()[worst_lse_row], 6) +
-                " vs baseline " + fixed(base_lse.as<float>()[worst_lse_row], 6);
-    }
-    if (backward && problem.empty()) {
-      const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-3, atol = 1e-7 / static_cast<double>(n);
-      std::vector<float> ref;
-      for (std::size_t k = 0; k < sample.size() && problem.empty(); ++k) {
-        base.grad_row(sample[k], ref);
-        for (std::int64_t c = 0; c < v; ++c) {
-          const double a = got_rows[k * static_cast<std::size_t>(v) + c], b = ref[c];
-          if (!(std::abs(a - b) <= atol + rtol * std::abs(b))) {
-            problem = "grad[" + std::to_string(sample[k]) + ", " + std::to_string(c) + "] " + general(a) +
-                      " vs baseline " + general(b);
+      double worst_lse = 0.0;
+      std::int64_t worst_lse_row = 0;
+      for (std::int64_t r = 0; r < n; ++r) {
+        const double e = rel_err(lse.as<float>()[r], base_lse.as<float>()[r]);
+        if (std::isnan(e) || e > worst_lse) {
+          worst_lse = e;
+          worst_lse_row = r;
+          if (std::isnan(e)) {
             break;
           }
         }
       }
-    }
-    if (!problem.empty()) {
-      row.check = "FAIL";
-      row.note = problem + " (timed anyway)";
-    }
-
-    // The kernel alternates with its probe (read for forward, copy for fwd+bwd, same bytes), so the percentage
-    // compares two medians taken under the same machine state.
-    const std::function<void()> probe = backward ? copy_probe(logits.data(), grad.data(), bytes, run.threads())
-                                                 : read_probe(logits.data(), bytes, run.threads());
+      if (problem.empty() && !(worst_lse <= kLossRtol)) {
+        problem = "lse[" + std::to_string(worst_lse_row) + "] " + fixed(lse.as<float>()[worst_lse_row], 6) +
+                  " vs baseline " + fixed(base_lse.as<float>()[worst_lse_row], 6);
+      }
+      if (backward && problem.empty()) {
+        const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-3, atol = 1e-7 / static_cast<double>(n);
+        std::vector<float> ref;
+        for (std::size_t k = 0; k < sample.size() && problem.empty(); ++k) {
+          base.grad_row(sample[k], ref);
+          for (std::int64_t c = 0; c < v; ++c) {
+            const double a = got_rows[k * static_cast<std::size_t>(v) + c], b = ref[c];
+            if (!(std::abs(a - b) <= atol + rtol * std::abs(b))) {
+              problem = "grad[" + std::to_string(sample[k]) + ", " + std::to_string(c) + "] " + general(a) +
+                        " vs baseline " + general(b);
+              break;
+            }
+          }
+        }
+      }
+      return problem;
+    };
     const std::function<void()> base_fn = [&] { (void)baseline(); };
-    const std::string result = time_row(run, row, kernel, probe, backward ? "copy" : "read", moved, &base_fn);
-    run.add(std::move(row));
-    run.finish_step(result);
+    check_and_time(run, std::move(row), kernel, check, {backward, logits.data(), grad.data(), bytes}, moved, &base_fn);
   }
 }
 

@@ -204,44 +204,30 @@ void run_group(Run& run, std::int64_t T, std::int64_t N, std::int64_t C, std::in
       }
     };
     auto baseline = [&] { return base.run(backward ? base_grad.as<float>() : nullptr); };
-    try {
-      kernel();
-    } catch (const std::exception& e) {
-      row.check = "error";
-      row.note = e.what();
-      run.add(std::move(row));
-      run.finish_step("error: lossfuse threw");
-      continue;
-    }
-    const double want = baseline();
-    std::string problem;
-    if (!(std::abs(loss - want) <= 1e-4 * std::abs(want))) {
-      problem = "loss " + fixed(loss, 7) + " vs baseline " + fixed(want, 7);
-    }
-    if (backward && problem.empty()) {
-      for (std::int64_t b : {std::int64_t{0}, N / 2, N - 1}) {
-        for (std::int64_t t = 0; t < T && problem.empty(); ++t)
-          for (std::int64_t c = 0; c < C; ++c) {
-            const std::int64_t i = (t * N + b) * C + c;
-            const double got = grad.as<float>()[i], ref = base_grad.as<float>()[i];
-            if (!(std::abs(got - ref) <= 1e-6 + 1e-4 * std::abs(ref))) {
-              problem = "grad[" + std::to_string(t) + ", " + std::to_string(b) + ", " + std::to_string(c) + "] " +
-                        fixed(got, 9) + " vs baseline " + fixed(ref, 9);
-              break;
-            }
-          }
+    auto check = [&]() -> std::string {
+      const double want = baseline();
+      std::string problem;
+      if (!(std::abs(loss - want) <= 1e-4 * std::abs(want))) {
+        problem = "loss " + fixed(loss, 7) + " vs baseline " + fixed(want, 7);
       }
-    }
-    if (!problem.empty()) {
-      row.check = "FAIL";
-      row.note = problem + " (timed anyway)";
-    }
-    const std::function<void()> probe = backward ? copy_probe(lp.data(), grad.data(), bytes, run.threads())
-                                                 : read_probe(lp.data(), bytes, run.threads());
+      if (backward && problem.empty()) {
+        for (std::int64_t b : {std::int64_t{0}, N / 2, N - 1}) {
+          for (std::int64_t t = 0; t < T && problem.empty(); ++t)
+            for (std::int64_t c = 0; c < C; ++c) {
+              const std::int64_t i = (t * N + b) * C + c;
+              const double got = grad.as<float>()[i], ref = base_grad.as<float>()[i];
+              if (!(std::abs(got - ref) <= 1e-6 + 1e-4 * std::abs(ref))) {
+                problem = "grad[" + std::to_string(t) + ", " + std::to_string(b) + ", " + std::to_string(c) + "] " +
+                          fixed(got, 9) + " vs baseline " + fixed(ref, 9);
+                break;
+              }
+            }
+        }
+      }
+      return problem;
+    };
     const std::function<void()> base_fn = [&] { (void)baseline(); };
-    const std::string result = time_row(run, row, kernel, probe, backward ? "copy" : "read", moved, &base_fn);
-    run.add(std::move(row));
-    run.finish_step(result);
+    check_and_time(run, std::move(row), kernel, check, {backward, lp.data(), grad.data(), bytes}, moved, &base_fn);
   }
 }
 

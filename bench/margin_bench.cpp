@@ -216,28 +216,15 @@ void run_group(Run& run, LossKind kind, std::int64_t n, std::int64_t d, DType dt
       forward();
       if (with_backward) backward();
     };
-    try {
-      kernel();
-    } catch (const std::exception& e) {
-      row.check = "error";
-      row.note = e.what();
-      run.add(std::move(row));
-      run.finish_step("error: lossfuse threw");
-      continue;
-    }
-    const double want = check_mean(kind, x, target, dtype, n, d);
-    if (!(std::abs(loss - want) <= 1e-3 * std::max(std::abs(want), 1e-6))) {
-      row.check = "FAIL";
-      row.note = "loss " + fixed(loss, 7) + " vs double loop " + fixed(want, 7) + " (timed anyway)";
-    }
+    auto check = [&]() -> std::string {
+      const double want = check_mean(kind, x, target, dtype, n, d);
+      if (std::abs(loss - want) <= 1e-3 * std::max(std::abs(want), 1e-6)) return "";
+      return "loss " + fixed(loss, 7) + " vs double loop " + fixed(want, 7);
+    };
     // fwd+bwd is compared with a copy of half the bytes each way (read + written = moved)
-    const std::function<void()> probe = with_backward
-                                            ? copy_probe(probe_src.data(), probe_dst.data(), moved / 2, run.threads())
-                                            : read_probe(probe_src.data(), moved, run.threads());
-    const std::string result =
-        time_row(run, row, kernel, probe, with_backward ? "copy" : "read", static_cast<double>(moved));
-    run.add(std::move(row));
-    run.finish_step(result);
+    check_and_time(run, std::move(row), kernel, check,
+                   {with_backward, probe_src.data(), probe_dst.data(), with_backward ? moved / 2 : moved},
+                   static_cast<double>(moved));
   }
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "lossfuse/loss_kind.hpp"
 #include "lossfuse/parallel.hpp"
 #include "lossfuse/pointwise.hpp"
 #include "lossfuse/tensor.hpp"
@@ -38,36 +39,10 @@ constexpr std::uint64_t kTargetSeed = 0x7a26e7ULL;
 constexpr std::uint64_t kThirdSeed = 0x3e1dULL;
 constexpr double kParam = 1.0;  // beta / delta
 
-enum class Kind {
-  mse,
-  l1,
-  smooth_l1,
-  huber,  // checked against float64 formulas below
-  bce,
-  bce_with_logits,
-  kl_div,
-  poisson_nll,
-  gaussian_nll,
-  hinge_embedding,
-  margin_ranking,  // checked finite
-};
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::mse: return "mse";
-    case Kind::l1: return "l1";
-    case Kind::smooth_l1: return "smooth_l1";
-    case Kind::huber: return "huber";
-    case Kind::bce: return "bce";
-    case Kind::bce_with_logits: return "bce_with_logits";
-    case Kind::kl_div: return "kl_div";
-    case Kind::poisson_nll: return "poisson_nll";
-    case Kind::gaussian_nll: return "gaussian_nll";
-    case Kind::hinge_embedding: return "hinge_embedding";
-    case Kind::margin_ranking: return "margin_ranking";
-  }
-  return "?";
-}
+// The loss catalog's kinds (lossfuse/loss_kind.hpp); mse, l1, smooth_l1 and huber are checked against float64
+// formulas below, the others checked finite.
+using Kind = LossKind;
+std::string kind_name(Kind k) { return std::string(loss_kind_name(k)); }
 bool checked(Kind k) { return k == Kind::mse || k == Kind::l1 || k == Kind::smooth_l1 || k == Kind::huber; }
 // Operands read: input and target, plus var (gaussian_nll) or the second input (margin_ranking: x1, x2, y).
 int operands(Kind k) { return k == Kind::gaussian_nll || k == Kind::margin_ranking ? 3 : 2; }
@@ -102,6 +77,7 @@ void forward(Kind k, const std::vector<TensorView>& ops, const TensorView& loss)
     case Kind::gaussian_nll: return gaussian_nll_forward(x, y, ops[2], GaussianNllOptions{}, loss);
     case Kind::hinge_embedding: return hinge_embedding_forward(x, y, HingeEmbeddingOptions{}, loss);
     case Kind::margin_ranking: return margin_ranking_forward(x, y, ops[2], MarginRankingOptions{}, loss);
+    default: return;  // not an elementwise loss: no suite is made for it
   }
 }
 void backward(Kind k, const std::vector<TensorView>& ops, const TensorView& gx) {
@@ -125,6 +101,7 @@ void backward(Kind k, const std::vector<TensorView>& ops, const TensorView& gx) 
       mg.input1 = gx;
       return margin_ranking_backward(x, y, ops[2], up, MarginRankingOptions{}, mg);
     }
+    default: return;  // not an elementwise loss: no suite is made for it
   }
 }
 
@@ -212,50 +189,38 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
         forward(kind, ops, l);
       }
     };
-    try {
-      kernel();
-    } catch (const std::exception& e) {
-      row.check = "error";
-      row.note = e.what();
-      run.add(std::move(row));
-      run.finish_step("error: lossfuse threw");
-      continue;
-    }
-    std::string problem;
-    if (!checked(kind)) {
-      if (!bwd && !std::isfinite(loss)) problem = "loss " + std::to_string(loss) + " is not finite";
-      for (std::int64_t i = 0; bwd && i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
-        if (!std::isfinite(load(dtype, grad.data(), i))) {
-          problem = "grad[" + std::to_string(i) + "] " + std::to_string(load(dtype, grad.data(), i)) + " is not finite";
+    auto check = [&]() -> std::string {
+      std::string problem;
+      if (!checked(kind)) {
+        if (!bwd && !std::isfinite(loss)) problem = "loss " + std::to_string(loss) + " is not finite";
+        for (std::int64_t i = 0; bwd && i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
+          if (!std::isfinite(load(dtype, grad.data(), i))) {
+            problem = "grad[" + std::to_string(i) + "] " + std::to_string(load(dtype, grad.data(), i)) + " is not finite";
+          }
+        }
+      } else if (!bwd) {
+        double sum = 0;
+        for (std::int64_t i = 0; i < n; ++i) sum += value(kind, load(dtype, xp, i) - load(dtype, yp, i));
+        const double want = sum / static_cast<double>(n), rtol = dtype == DType::bf16 ? 1e-3 : 1e-4;
+        if (!(std::fabs(loss - want) <= rtol * std::fabs(want))) {
+          problem = "loss " + fixed(loss, 7) + " vs float64 " + fixed(want, 7);
+        }
+      } else {
+        const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-5;
+        for (std::int64_t i = 0; i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
+          const double want = derivative(kind, load(dtype, xp, i) - load(dtype, yp, i)) / static_cast<double>(n);
+          const double got = load(dtype, grad.data(), i);
+          if (!(std::fabs(got - want) <= rtol * std::fabs(want) + 1e-30)) {
+            problem = "grad[" + std::to_string(i) + "] " + std::to_string(got) + " vs " + std::to_string(want);
+          }
         }
       }
-    } else if (!bwd) {
-      double sum = 0;
-      for (std::int64_t i = 0; i < n; ++i) sum += value(kind, load(dtype, xp, i) - load(dtype, yp, i));
-      const double want = sum / static_cast<double>(n), rtol = dtype == DType::bf16 ? 1e-3 : 1e-4;
-      if (!(std::fabs(loss - want) <= rtol * std::fabs(want))) {
-        problem = "loss " + fixed(loss, 7) + " vs float64 " + fixed(want, 7);
-      }
-    } else {
-      const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-5;
-      for (std::int64_t i = 0; i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
-        const double want = derivative(kind, load(dtype, xp, i) - load(dtype, yp, i)) / static_cast<double>(n);
-        const double got = load(dtype, grad.data(), i);
-        if (!(std::fabs(got - want) <= rtol * std::fabs(want) + 1e-30)) {
-          problem = "grad[" + std::to_string(i) + "] " + std::to_string(got) + " vs " + std::to_string(want);
-        }
-      }
-    }
-    if (!problem.empty()) {
-      row.check = "FAIL";
-      row.note = problem + " (timed anyway)";
-    }
-    const std::function<void()> probe =
-        bwd ? copy_probe(xp, grad.data(), (static_cast<std::size_t>(k) + 1) * bytes / 2, run.threads())
-            : read_probe(xp, static_cast<std::size_t>(k) * bytes, run.threads());
-    const std::string result = time_row(run, row, kernel, probe, bwd ? "copy" : "read", moved);
-    run.add(std::move(row));
-    run.finish_step(result);
+      return problem;
+    };
+    check_and_time(run, std::move(row), kernel, check,
+                   {bwd, xp, grad.data(), bwd ? (static_cast<std::size_t>(k) + 1) * bytes / 2
+                                              : static_cast<std::size_t>(k) * bytes},
+                   moved);
   }
 }
 

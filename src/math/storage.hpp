@@ -23,36 +23,30 @@ struct F16 {
 template <class T>
 using AccOf = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+LF_HOST_DEVICE float to_float(Bf16 h) { return bf16_to_float(h.bits); }
+LF_HOST_DEVICE float to_float(F16 h) { return f16_to_float(h.bits); }
+LF_HOST_DEVICE void from_float(float v, Bf16* h) { h->bits = float_to_bf16(v); }
+LF_HOST_DEVICE void from_float(float v, F16* h) { h->bits = float_to_f16(v); }
+
+// Scalar loads and stores of storage type T in its accumulation type Acc (p[i], or *p).
 template <class T>
-struct Io;
-template <>
-struct Io<float> {
+struct Io {  // float, double: as they are
+  using Acc = T;
+  LF_HOST_DEVICE static T load(const T* p, std::int64_t i = 0) { return p[i]; }
+  LF_HOST_DEVICE static void store(T* p, std::int64_t i, T v) { p[i] = v; }
+  LF_HOST_DEVICE static void store(T* p, T v) { *p = v; }
+};
+template <class H>
+struct HalfIo {  // Bf16, F16: widened exactly, narrowed by round to nearest even
   using Acc = float;
-  LF_HOST_DEVICE static float load(const float* p, std::int64_t i = 0) { return p[i]; }
-  LF_HOST_DEVICE static void store(float* p, std::int64_t i, float v) { p[i] = v; }
-  LF_HOST_DEVICE static void store(float* p, float v) { *p = v; }
+  LF_HOST_DEVICE static float load(const H* p, std::int64_t i = 0) { return to_float(p[i]); }
+  LF_HOST_DEVICE static void store(H* p, std::int64_t i, float v) { from_float(v, p + i); }
+  LF_HOST_DEVICE static void store(H* p, float v) { from_float(v, p); }
 };
 template <>
-struct Io<double> {
-  using Acc = double;
-  LF_HOST_DEVICE static double load(const double* p, std::int64_t i = 0) { return p[i]; }
-  LF_HOST_DEVICE static void store(double* p, std::int64_t i, double v) { p[i] = v; }
-  LF_HOST_DEVICE static void store(double* p, double v) { *p = v; }
-};
+struct Io<Bf16> : HalfIo<Bf16> {};
 template <>
-struct Io<Bf16> {
-  using Acc = float;
-  LF_HOST_DEVICE static float load(const Bf16* p, std::int64_t i = 0) { return bf16_to_float(p[i].bits); }
-  LF_HOST_DEVICE static void store(Bf16* p, std::int64_t i, float v) { p[i].bits = float_to_bf16(v); }
-  LF_HOST_DEVICE static void store(Bf16* p, float v) { p->bits = float_to_bf16(v); }
-};
-template <>
-struct Io<F16> {
-  using Acc = float;
-  LF_HOST_DEVICE static float load(const F16* p, std::int64_t i = 0) { return f16_to_float(p[i].bits); }
-  LF_HOST_DEVICE static void store(F16* p, std::int64_t i, float v) { p[i].bits = float_to_f16(v); }
-  LF_HOST_DEVICE static void store(F16* p, float v) { p->bits = float_to_f16(v); }
-};
+struct Io<F16> : HalfIo<F16> {};
 
 // The dtype switch: fn(T{}) with T = float, double, BF16 or F16 for float32, float64, bfloat16, float16; an integer
 // dtype calls nothing. Callers name their 16-bit types (Bf16 / F16 here, hwy::bfloat16_t / hwy::float16_t in the

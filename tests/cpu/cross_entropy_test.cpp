@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/ce_harness.hpp"
+#include "error_harness.hpp"
 
 namespace lftest::ce {
 namespace {
@@ -619,7 +620,7 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, Determinism, ::testing::ValuesIn(determin
 // ---- errors: each bad argument throws lossfuse::Error with the right code and writes nothing -------------------
 enum class Entry { forward, backward, forward_backward };
 
-struct ErrFixture {
+struct ErrFixture : GuardedBuffers {
   Tensor logits = Tensor::make(DType::f32, {4, 5});
   Tensor target = Tensor::make(DType::i64, {4});
   Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
@@ -631,27 +632,19 @@ struct ErrFixture {
   CrossEntropyOptions o;
   CrossEntropyOutputs out;
   GradWrite write = GradWrite::separate;
-  std::vector<std::vector<std::uint8_t>> before;
 
   ErrFixture() {
     Rng rng(99);
     for (std::int64_t i = 0; i < 20; ++i) logits.set(i, rng.normal());
     for (std::int64_t i = 0; i < 4; ++i) target.set_int(i, i), lse_in.set(i, 3.0);
     bind();
+    guard("logits", logits), guard("target", target), guard("loss", loss), guard("lse", lse), guard("z_loss", z);
+    guard("grad_logits", grad);
   }
   void bind() {
     out.loss = loss.view;
     out.lse = lse.view;
     out.z_loss = z.view;
-  }
-  void snapshot() { before = {logits.storage, target.storage, loss.storage, lse.storage, z.storage, grad.storage}; }
-  ::testing::AssertionResult untouched() const {
-    const std::vector<std::vector<std::uint8_t>> now = {logits.storage, target.storage, loss.storage,
-                                                        lse.storage,    z.storage,      grad.storage};
-    const char* names[] = {"logits", "target", "loss", "lse", "z_loss", "grad_logits"};
-    for (std::size_t i = 0; i < now.size(); ++i)
-      if (now[i] != before[i]) return ::testing::AssertionFailure() << names[i] << " was modified";
-    return ::testing::AssertionSuccess();
   }
   std::optional<TensorView> up() const {
     if (grad_loss) return grad_loss->view;
@@ -679,16 +672,12 @@ struct Views {
 void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializer_list<ErrorCode> codes,
                   std::initializer_list<Entry> entries = {Entry::forward, Entry::backward, Entry::forward_backward},
                   std::string* message = nullptr) {
-  for (Entry e : entries) {
-    SCOPED_TRACE(entry_name(e));
-    ErrFixture f;
-    const Views v = setup(f);
-    f.snapshot();
-    const TensorView lg = v.logits.value_or(f.logits.view), tg = v.target.value_or(f.target.view),
-                     gr = v.grad.value_or(f.grad.view);
-    EXPECT_TRUE(throws_error([&] { f.call(e, lg, tg, gr); }, codes, message));
-    EXPECT_TRUE(f.untouched());
-  }
+  expect_entry_errors<ErrFixture, Entry, Views>(
+      setup, codes, entries,
+      [](const ErrFixture& f, Entry e, const Views& v) {
+        f.call(e, v.logits.value_or(f.logits.view), v.target.value_or(f.target.view), v.grad.value_or(f.grad.view));
+      },
+      entry_name, {}, message);
 }
 
 TEST(CrossEntropyErrors, ValidFixtureRuns) {  // the base of the error tests is itself valid

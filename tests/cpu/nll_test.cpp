@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "error_harness.hpp"
 #include "test_util.hpp"
 
 namespace lftest::nll {
@@ -286,21 +287,17 @@ TEST(NllMisc, Determinism) {
 }
 
 // ---- errors -------------------------------------------------------------------------------------------------
-struct ErrFixture {
+struct ErrFixture : GuardedBuffers {
   Tensor input = Tensor::make(DType::f32, {4, 5});
   Tensor target = Tensor::make(DType::i64, {4});
   Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
   Tensor grad = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
   std::optional<Tensor> grad_loss;
   NllOptions o;
-  std::vector<std::vector<std::uint8_t>> before;
   ErrFixture() {
     for (std::int64_t i = 0; i < 20; ++i) input.set(i, -0.1 * static_cast<double>(i));
     for (std::int64_t i = 0; i < 4; ++i) target.set_int(i, i);
-  }
-  void snapshot() { before = {input.storage, target.storage, loss.storage, grad.storage}; }
-  [[nodiscard]] bool untouched() const {
-    return before == std::vector<std::vector<std::uint8_t>>{input.storage, target.storage, loss.storage, grad.storage};
+    guard("input", input), guard("target", target), guard("loss", loss), guard("grad_input", grad);
   }
 };
 struct Views {
@@ -310,23 +307,19 @@ enum class Entry { forward, backward };
 void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializer_list<ErrorCode> codes,
                   std::initializer_list<Entry> entries = {Entry::forward, Entry::backward},
                   std::string* message = nullptr) {
-  for (Entry e : entries) {
-    SCOPED_TRACE(e == Entry::forward ? "forward" : "backward");
-    ErrFixture f;
-    const Views v = setup(f);
-    f.snapshot();
-    const TensorView in = v.input.value_or(f.input.view), tg = v.target.value_or(f.target.view),
-                     ls = v.loss.value_or(f.loss.view), gr = v.grad.value_or(f.grad.view);
-    std::optional<TensorView> up;
-    if (f.grad_loss) up = f.grad_loss->view;
-    EXPECT_TRUE(throws_error(
-        [&] {
-          if (e == Entry::forward) lossfuse::nll_forward(in, tg, f.o, ls);
-          else lossfuse::nll_backward(in, tg, up, f.o, gr);
-        },
-        codes, message));
-    EXPECT_TRUE(f.untouched()) << "a buffer was modified before the error";
-  }
+  expect_entry_errors<ErrFixture, Entry, Views>(
+      setup, codes, entries,
+      [](const ErrFixture& f, Entry e, const Views& v) {
+        const TensorView in = v.input.value_or(f.input.view), tg = v.target.value_or(f.target.view);
+        std::optional<TensorView> up;
+        if (f.grad_loss) up = f.grad_loss->view;
+        if (e == Entry::forward) {
+          lossfuse::nll_forward(in, tg, f.o, v.loss.value_or(f.loss.view));
+        } else {
+          lossfuse::nll_backward(in, tg, up, f.o, v.grad.value_or(f.grad.view));
+        }
+      },
+      [](Entry e) { return std::string(e == Entry::forward ? "forward" : "backward"); }, {}, message);
 }
 
 TEST(NllErrors, ValidFixtureRuns) {

@@ -13,6 +13,7 @@
 
 #include "lossfuse/parallel.hpp"
 #include "reference/pointwise_reference.hpp"
+#include "error_harness.hpp"
 #include "test_util.hpp"
 
 namespace lftest::pointwise {
@@ -689,7 +690,7 @@ TEST(PointwiseMisc, DeterministicAcrossThreads) {
 
 // ---- errors ---------------------------------------------------------------------------------------------------
 
-struct ErrFixture {
+struct ErrFixture : GuardedBuffers {
   Tensor input = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
   Tensor target = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
   Tensor weight = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
@@ -699,18 +700,12 @@ struct ErrFixture {
   Tensor up = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
   Call c;
   bool use_weight = false;
-  std::vector<std::vector<std::uint8_t>> before;
   ErrFixture() {
     for (std::int64_t i = 0; i < 20; ++i) input.set(i, 0.1 * static_cast<double>(i)), target.set(i, 0.5);
     for (std::int64_t i = 0; i < 20; ++i) weight.set(i, 1.0);
     up.set(0, 1.0);
-  }
-  void snapshot() {
-    before = {input.storage, target.storage, weight.storage, loss.storage, gx.storage, gy.storage, up.storage};
-  }
-  [[nodiscard]] bool untouched() const {
-    return before == std::vector<std::vector<std::uint8_t>>{input.storage, target.storage, weight.storage, loss.storage,
-                                                            gx.storage,    gy.storage,     up.storage};
+    guard("input", input), guard("target", target), guard("weight", weight), guard("loss", loss);
+    guard("grad_input", gx), guard("grad_target", gy), guard("grad_loss", up);
   }
 };
 struct Views {
@@ -721,40 +716,27 @@ enum class Entry { forward, backward };
 void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializer_list<ErrorCode> codes,
                   const std::string& argument, std::initializer_list<Entry> entries = {Entry::forward, Entry::backward},
                   std::initializer_list<PwLoss> losses = {PwLoss::mse, PwLoss::l1, PwLoss::smooth_l1, PwLoss::huber}) {
-  for (PwLoss l : losses)
-    for (Entry e : entries) {
-      SCOPED_TRACE(loss_name(l) + (e == Entry::forward ? " forward" : " backward"));
-      ErrFixture f;
-      f.c.loss = l;
-      const Views v = setup(f);
-      f.snapshot();
-      Call c = f.c;
-      if (v.weight) c.weight = *v.weight;
-      const TensorView in = v.input.value_or(f.input.view), tg = v.target.value_or(f.target.view),
-                       ls = v.loss.value_or(f.loss.view);
-      PointwiseGrads g{v.gx.value_or(f.gx.view), v.gy.value_or(f.gy.view)};
-      const std::optional<TensorView> up = v.up ? v.up : std::optional<TensorView>(f.up.view);
-      std::string msg;
-      EXPECT_TRUE(throws_error(
-          [&] {
-            if (e == Entry::forward)
-              forward(c, in, tg, ls);
-            else
-              backward(c, in, tg, up, g);
-          },
-          codes, &msg));
-      try {
-        if (e == Entry::forward)
-          forward(c, in, tg, ls);
-        else
-          backward(c, in, tg, up, g);
-      } catch (const Error& err) {
-        EXPECT_EQ(err.argument(), argument) << msg;
-        EXPECT_NE(msg.find(argument), std::string::npos) << msg;
-      } catch (...) {
-      }
-      EXPECT_TRUE(f.untouched()) << "a buffer was modified before the error";
-    }
+  for (PwLoss l : losses) {
+    SCOPED_TRACE(loss_name(l));
+    expect_entry_errors<ErrFixture, Entry, Views>(
+        [&](ErrFixture& f) {
+          f.c.loss = l;
+          return setup(f);
+        },
+        codes, entries,
+        [](const ErrFixture& f, Entry e, const Views& v) {
+          Call c = f.c;
+          if (v.weight) c.weight = *v.weight;
+          const TensorView in = v.input.value_or(f.input.view), tg = v.target.value_or(f.target.view);
+          if (e == Entry::forward) {
+            forward(c, in, tg, v.loss.value_or(f.loss.view));
+          } else {
+            const std::optional<TensorView> up = v.up ? v.up : std::optional<TensorView>(f.up.view);
+            backward(c, in, tg, up, PointwiseGrads{v.gx.value_or(f.gx.view), v.gy.value_or(f.gy.view)});
+          }
+        },
+        [](Entry e) { return std::string(e == Entry::forward ? "forward" : "backward"); }, argument);
+  }
 }
 constexpr std::initializer_list<PwLoss> kWeighted = {PwLoss::mse, PwLoss::l1, PwLoss::huber};
 

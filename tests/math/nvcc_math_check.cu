@@ -5,6 +5,7 @@
 #include "math/cross_entropy_math.hpp"
 #include "math/half.hpp"
 #include "math/online_lse.hpp"
+#include "math/storage.hpp"
 
 namespace lm = lossfuse::math;
 
@@ -30,5 +31,16 @@ __global__ void half_kernel(const float* in, std::uint16_t* bf, std::uint16_t* h
   }
 }
 
+// The storage loads and stores of every float dtype, converted through the accumulation type.
+template <class T>
+__global__ void storage_kernel(const T* in, T* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) lm::Io<T>::store(out, i, lm::Io<T>::load(in, i) * typename lm::Io<T>::Acc(2));
+}
+
+template __global__ void storage_kernel<float>(const float*, float*, int);
+template __global__ void storage_kernel<double>(const double*, double*, int);
+template __global__ void storage_kernel<lm::Bf16>(const lm::Bf16*, lm::Bf16*, int);
+template __global__ void storage_kernel<lm::F16>(const lm::F16*, lm::F16*, int);
 template __global__ void ce_row_kernel<float>(const float*, std::int64_t, const std::int64_t*, float*, float*);
 template __global__ void ce_row_kernel<double>(const double*, std::int64_t, const std::int64_t*, double*, double*);
