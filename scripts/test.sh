@@ -14,6 +14,8 @@ stage() {
   echo "test.sh: stage '$name' took $((SECONDS - t0)) s"
 }
 
+quiet() { "$@" >/dev/null; }
+
 install_consumer() {
   rm -rf build/install build/example
   cmake --install build/release --prefix build/install >/dev/null
@@ -23,7 +25,7 @@ install_consumer() {
 }
 
 stage setup scripts/setup.sh
-stage release-configure cmake --preset release >/dev/null
+stage release-configure quiet cmake --preset release
 stage release-build cmake --build --preset release -j "$jobs"
 stage release-ctest ctest --preset release -j "$jobs"
 stage install-consumer install_consumer
@@ -32,7 +34,7 @@ stage python-setup scripts/setup_python.sh
 stage pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
 
 if [ "${1:-}" != "--fast" ]; then
-  stage asan-configure cmake --preset asan >/dev/null
+  stage asan-configure quiet cmake --preset asan
   stage asan-build cmake --build --preset asan -j "$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   stage asan-ctest ctest --preset asan -j "$jobs"

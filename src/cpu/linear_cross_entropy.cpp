@@ -668,8 +668,6 @@ class Runner {
   std::vector<std::int64_t> row_col_;
 };
 
-// The 'mean' denominator (sum of w_y over non-ignored rows, see split_mean_denominator) after checking every
-
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {

@@ -31,6 +31,7 @@ LF_HOST_DEVICE void from_float(float v, F16* h) { h->bits = float_to_f16(v); }
 // Scalar loads and stores of storage type T in its accumulation type Acc (p[i], or *p).
 template <class T>
 struct Io {  // float, double: as they are
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "Io: float, double, Bf16 or F16");
   using Acc = T;
   LF_HOST_DEVICE static T load(const T* p, std::int64_t i = 0) { return p[i]; }
   LF_HOST_DEVICE static void store(T* p, std::int64_t i, T v) { p[i] = v; }
