@@ -13,6 +13,7 @@ enum class ErrorCode {
   index_error,      // a class target out of range (Python: IndexError)
   bad_pointer,      // null, misaligned or aliasing buffers
   not_implemented,  // a (kind, dtype, device, direction) the catalog does not provide
+  device_error,     // a device runtime call failed, e.g. out of device memory (Python: RuntimeError)
 };
 
 class Error : public std::runtime_error {

@@ -123,7 +123,8 @@ void rethrow(const Error& e) {
     case ErrorCode::shape_mismatch: TORCH_CHECK_VALUE(false, msg);
     case ErrorCode::not_implemented: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
     case ErrorCode::dtype_mismatch:
-    case ErrorCode::bad_pointer: break;
+    case ErrorCode::bad_pointer:
+    case ErrorCode::device_error: break;
   }
   TORCH_CHECK(false, msg);
 }

@@ -5,8 +5,10 @@
 // The entries never throw, but for linear_cross_entropy, whose GEMM hook may decline a product (not_implemented).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "core/cross_entropy_params.hpp"
 #include "core/ctc_params.hpp"
@@ -24,6 +26,11 @@ enum class ValueScan { unit_interval, non_negative };
 
 struct Backend {
   Device device;
+  // Synchronous byte copies between this device's memory and the host. Core's host-side steps (class weights, the
+  // target scan, an upstream gradient scalar, the reduced outputs) reach device operands through these (HostCopy,
+  // read_scalar, write_reduced); the CPU's are memcpy.
+  void (*to_host)(void* host, const void* src, std::size_t bytes);
+  void (*from_host)(void* dst, const void* host, std::size_t bytes);
   void (*cross_entropy)(const CeParams&);  // forward, backward or both over all rows
   void (*nll)(const CeParams&);
   void (*pointwise)(const PwParams&);                                                 // the elementwise losses
@@ -40,6 +47,18 @@ struct Backend {
 // The table of the device `view` lives on; throws Error(not_implemented) naming `argument` when this build has
 // none for it.
 const Backend& backend_for(const TensorView& view, std::string_view argument);
+
+// A view's elements readable on the host: the view itself on the CPU; on another device a host copy of the bytes it
+// spans (strides >= 0, as check_view requires), with the copy's view (device cpu, same shape and strides).
+class HostCopy {
+ public:
+  explicit HostCopy(const TensorView& view);
+  [[nodiscard]] const TensorView& view() const noexcept { return view_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  TensorView view_;
+};
 
 // Each backend's table: nullptr when it is not built in. cpu: src/cpu/backend.cpp; cuda: its slot (nullptr) in
 // src/core/backend.cpp until src/cuda/ provides it.

@@ -1,5 +1,7 @@
 #include "core/check.hpp"
 
+#include "core/backend.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -188,13 +190,14 @@ void check_no_overlap(const TensorView& a, std::string_view a_name, const Tensor
 }
 
 template <class Acc>
-std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes) {
+std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes, Device device) {
   if (!weight) return {};
-  const TensorView& w = *weight;
-  check_view(w, "weight");
-  check_floating(w, "weight");
+  check_view(*weight, "weight", device);
+  check_floating(*weight, "weight");
   const std::int64_t want[1] = {classes};
-  check_shape(w, "weight", want, 1);
+  check_shape(*weight, "weight", want, 1);
+  const HostCopy host(*weight);
+  const TensorView& w = host.view();
   std::vector<Acc> out(static_cast<std::size_t>((classes + 63) / 64 * 64), Acc(0));
   const auto* base = static_cast<const unsigned char*>(w.data);
   const std::int64_t stride = w.strides[0];
@@ -213,7 +216,7 @@ std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int6
   return out;
 }
 
-template std::vector<float> load_weights<float>(const std::optional<TensorView>&, std::int64_t);
-template std::vector<double> load_weights<double>(const std::optional<TensorView>&, std::int64_t);
+template std::vector<float> load_weights<float>(const std::optional<TensorView>&, std::int64_t, Device);
+template std::vector<double> load_weights<double>(const std::optional<TensorView>&, std::int64_t, Device);
 
 }  // namespace lossfuse::core

@@ -41,8 +41,9 @@ std::string shape_string(const std::int64_t* shape, int ndim);
 std::string number_string(double v);
 
 // Class weights copied into the accumulation type, padded with zeros to a multiple of 64 so SIMD loops
-// may read whole vectors. Checks shape (C) and a floating dtype.
+// may read whole vectors, in host memory. Checks shape (C), a floating dtype and that the weight lives on `device`.
 template <class Acc>
-std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes);
+std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes,
+                              Device device = Device::cpu);
 
 }  // namespace lossfuse::core

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 
 namespace lossfuse::core {
@@ -9,13 +10,14 @@ namespace lossfuse::core {
 ClassProblem check_class_problem(const TensorView& input, std::string_view input_name, const TensorView& target,
                                  Reduction reduction, bool allow_soft) {
   check_reduction(reduction);
-  check_view(input, input_name);
+  check_view(input, input_name, input.device);  // the caller resolved backend_for(input) first
   check_floating(input, input_name);
   if (input.ndim < 1) {
     throw Error(ErrorCode::shape_mismatch, std::string(input_name), "shape (C), (N, C) or (N, C, d1, ..., dk)",
                 "a 0-d tensor");
   }
   ClassProblem pb;
+  pb.device = input.device;
   pb.acc = accumulate_dtype(input.dtype);
   pb.class_dim = input.ndim == 1 ? 0 : 1;
   pb.classes = input.shape[pb.class_dim];
@@ -29,7 +31,7 @@ ClassProblem check_class_problem(const TensorView& input, std::string_view input
     pb.row_shape[pb.row_ndim++] = input.shape[i];
     pb.rows *= input.shape[i];
   }
-  check_view(target, "target");
+  check_view(target, "target", pb.device);
   if (is_floating(target.dtype)) {
     if (!allow_soft) {
       throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
@@ -51,7 +53,7 @@ ClassProblem check_class_problem(const TensorView& input, std::string_view input
 
 void check_grad_output(const TensorView& grad, std::string_view grad_name, const TensorView& input,
                        std::string_view input_name, bool in_place) {
-  check_view(grad, grad_name);
+  check_view(grad, grad_name, input.device);
   check_dtype(grad, grad_name, input.dtype);
   check_shape(grad, grad_name, input.shape.data(), input.ndim);
   if (in_place) {
@@ -70,13 +72,13 @@ void check_grad_output(const TensorView& grad, std::string_view grad_name, const
 
 void check_grad_loss(const std::optional<TensorView>& grad_loss, const ClassProblem& pb, Reduction reduction) {
   if (!grad_loss) return;
-  check_view(*grad_loss, "grad_loss");
+  check_view(*grad_loss, "grad_loss", pb.device);
   check_dtype(*grad_loss, "grad_loss", pb.acc);
   check_reduced_shape(*grad_loss, "grad_loss", reduction, pb.row_shape, pb.row_ndim);
 }
 
 void check_row_output(const TensorView& t, std::string_view name, const ClassProblem& pb) {
-  check_view(t, name);
+  check_view(t, name, pb.device);
   check_dtype(t, name, pb.acc);
   check_shape(t, name, pb.row_shape, pb.row_ndim);
   check_contiguous(t, name);
@@ -90,7 +92,7 @@ void check_lse_dtype(const TensorView& t, const ClassProblem& pb) {
 }
 
 void check_lse_view(const TensorView& t, const ClassProblem& pb) {
-  check_view(t, "lse");
+  check_view(t, "lse", pb.device);
   check_lse_dtype(t, pb);
   check_shape(t, "lse", pb.row_shape, pb.row_ndim);
   check_contiguous(t, "lse");
@@ -137,8 +139,9 @@ void fill_layout(CeParams& p, const ClassProblem& pb, const TensorView& input, c
 }
 
 double read_scalar(const TensorView& t) {
-  return t.dtype == DType::f64 ? *static_cast<const double*>(t.data)
-                               : static_cast<double>(*static_cast<const float*>(t.data));
+  const HostCopy host(t);
+  return t.dtype == DType::f64 ? *static_cast<const double*>(host.view().data)
+                               : static_cast<double>(*static_cast<const float*>(host.view().data));
 }
 
 void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss,
@@ -157,10 +160,12 @@ void write_reduced(const TensorView& out, const std::vector<double>& blocks, Red
   for (double b : blocks) total += b;
   // 'mean' of nothing is 0 / 0 = nan, PyTorch's rule (also when every target is ignored).
   if (reduction == Reduction::mean) total /= denominator;
+  const Backend& b = backend_for(out, "loss");
   if (out.dtype == DType::f64) {
-    *static_cast<double*>(out.data) = total;
+    b.from_host(out.data, &total, sizeof total);
   } else {
-    *static_cast<float*>(out.data) = static_cast<float>(total);
+    const auto f = static_cast<float>(total);
+    b.from_host(out.data, &f, sizeof f);
   }
 }
 

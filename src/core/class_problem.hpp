@@ -21,6 +21,7 @@ struct ClassProblem {
   int row_ndim = 0;
   bool soft = false;
   DType acc = DType::f32;
+  Device device = Device::cpu;  // the input's: every other view must live there too
 };
 
 // Input, target and reduction. allow_soft: a floating target of the input's shape means probabilities.
@@ -54,7 +55,7 @@ void check_disjoint(const std::vector<NamedView>& written, const std::vector<Nam
 void fill_layout(CeParams& p, const ClassProblem& pb, const TensorView& input, const TensorView& target,
                  const TensorView* grad, const std::optional<TensorView>& grad_loss);
 
-// Reads a one-element Acc-typed (float32 / float64) tensor.
+// Reads a one-element Acc-typed (float32 / float64) tensor, on any device with a backend.
 double read_scalar(const TensorView& t);
 
 // The upstream gradient in p: a per-row pointer for reduction none, else one scale (1 when absent) with
@@ -63,7 +64,7 @@ void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<Tensor
                     double denominator);
 
 // Reductions mean/sum: sums the block partials in block order (a fixed order) and divides by `denominator`
-// for mean; writes the result to a one-element Acc-typed output.
+// for mean; writes the result to a one-element Acc-typed output (on any device with a backend).
 void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction,
                    double denominator);
 

@@ -60,13 +60,13 @@ template <class Acc>
 void run(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
          const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
          const TensorView* grad, GradWrite write, const core::ClassProblem& pb) {
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes);
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes, pb.device);
   const Acc* w = weights.empty() ? nullptr : weights.data();
 
   std::vector<NamedView> written, read = {{"logits", &logits}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
   if (out != nullptr) {
-    core::check_view(out->loss, "loss");
+    core::check_view(out->loss, "loss", pb.device);
     core::check_dtype(out->loss, "loss", pb.acc);
     core::check_reduced_shape(out->loss, "loss", o.reduction, pb.row_shape, pb.row_ndim);
     core::check_contiguous(out->loss, "loss");
@@ -76,7 +76,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
       written.push_back({"lse", &*out->lse});
     }
     if (out->z_loss) {
-      core::check_view(*out->z_loss, "z_loss");
+      core::check_view(*out->z_loss, "z_loss", pb.device);
       core::check_dtype(*out->z_loss, "z_loss", pb.acc);
       core::check_reduced_shape(*out->z_loss, "z_loss", o.reduction, pb.row_shape, pb.row_ndim);
       core::check_contiguous(*out->z_loss, "z_loss");
@@ -110,7 +110,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   double loss_denominator = denominator;                 // the loss's and its gradient's (split_mean_denominator)
   if (!pb.soft) {
     std::int64_t counted = 0;
-    denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
+    denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow, pb.rows,
                                           pb.classes, o.ignore_index, w, &counted);
     loss_denominator = core::split_mean_denominator(denominator, counted, o.label_smoothing != 0 || o.z_loss_scale != 0,
                                                     core::nonnegative_weights(w, pb.classes));

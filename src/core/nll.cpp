@@ -15,12 +15,12 @@ template <class Acc>
 void run(core::CeMode mode, const TensorView& input, const TensorView& target, const NllOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad,
          const core::ClassProblem& pb) {
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes);
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes, pb.device);
   const Acc* w = weights.empty() ? nullptr : weights.data();
   std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
   if (loss != nullptr) {
-    core::check_view(*loss, "loss");
+    core::check_view(*loss, "loss", pb.device);
     core::check_dtype(*loss, "loss", pb.acc);
     core::check_reduced_shape(*loss, "loss", o.reduction, pb.row_shape, pb.row_ndim);
     core::check_contiguous(*loss, "loss");
@@ -37,7 +37,7 @@ void run(core::CeMode mode, const TensorView& input, const TensorView& target, c
   core::CeParams p;
   p.mode = mode;
   core::fill_layout(p, pb, input, target, grad, grad_loss);
-  const double denominator = core::scan_targets<Acc>(target.data, target.dtype, p.index, core::kTargetRow, pb.rows,
+  const double denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow, pb.rows,
                                                      pb.classes, o.ignore_index, w);
   p.weight = w;
   p.ignore_index = o.ignore_index;

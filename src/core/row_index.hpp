@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "lossfuse/tensor.hpp"
+#include "math/host_device.hpp"
 
 namespace lossfuse::core {
 
@@ -17,7 +18,7 @@ struct RowIndexN {
   std::int64_t strides[kViews][kMaxDims] = {};    // per view, per row dim
 
   // Element offset of row r in view v.
-  [[nodiscard]] std::int64_t offset(int v, std::int64_t r) const noexcept {
+  [[nodiscard]] LF_HOST_DEVICE std::int64_t offset(int v, std::int64_t r) const noexcept {
     std::int64_t off = 0;
     for (int i = ndim - 1; i >= 0; --i) {
       const std::int64_t q = r / sizes[i];

@@ -1,14 +1,23 @@
 // The CPU backend's table: every loss family's entry (src/cpu/kernels.hpp, margin_kernels.hpp).
 #include "core/backend.hpp"
 
+#include <cstring>
+
 #include "cpu/kernels.hpp"
 #include "cpu/margin_kernels.hpp"
 
 namespace lossfuse::core {
+namespace {
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+
+}  // namespace
 
 const Backend* cpu_backend() noexcept {
   static constexpr Backend kCpu{
       Device::cpu,
+      copy_bytes,
+      copy_bytes,
       cpu::cross_entropy_rows,
       cpu::nll_rows,
       cpu::pointwise_run,

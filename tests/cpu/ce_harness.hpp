@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "device_mirror.hpp"
 #include "test_util.hpp"
 
 namespace lftest::ce {
@@ -181,32 +182,53 @@ inline Fwd make_outputs(const Problem& p, bool with_lse, bool with_z) {
   return f;
 }
 
+// The outputs `want` names, as views of `f`'s tensors through m.
+inline CrossEntropyOutputs mirror_outputs(Mirror& m, Fwd& f, const CrossEntropyOutputs& want) {
+  CrossEntropyOutputs out;
+  out.loss = m(f.loss);
+  if (want.lse) out.lse = m(f.lse);
+  if (want.z_loss) out.z_loss = m(f.z);
+  return out;
+}
+
 // Runs forward, backward (from the forward's lse; separate and in place) and forward_backward (separate and
-// in place) and checks every output against the reference.
-inline void run_all(const Spec& s) {
+// in place) and checks every output against the reference. mem: the device the calls run on (nullptr: the CPU;
+// tests/device_mirror.hpp).
+inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
   SCOPED_TRACE(s.name);
   Problem p = build(s);
-  const CrossEntropyOptions o = p.options();
   const std::vector<std::uint8_t> logits_before = p.logits.storage;
   const std::vector<std::uint8_t> target_before = p.target.storage;
+  auto options = [&](Mirror& m) {
+    CrossEntropyOptions o = p.options();
+    o.weight = m(p.weight);
+    return o;
+  };
+  auto forward = [&](Fwd& f) {
+    Mirror m(mem);
+    lossfuse::cross_entropy_forward(m(p.logits), m(p.target), options(m), mirror_outputs(m, f, f.out));
+    m.download();
+  };
 
   // forward
   Fwd f = make_outputs(p, true, s.with_z);
   if (!s.with_lse) f.out.lse.reset();
-  lossfuse::cross_entropy_forward(p.logits.view, p.target.view, o, f.out);
+  forward(f);
   check_forward(p, f.loss, s.with_lse ? &f.lse : nullptr, s.with_z ? &f.z : nullptr, "forward");
   EXPECT_TRUE(p.logits.storage == logits_before) << "forward modified the logits";
   EXPECT_TRUE(p.target.storage == target_before) << "forward modified the target";
   if (!s.with_lse) {  // backward needs the saved lse
     Fwd g = make_outputs(p, true, false);
-    lossfuse::cross_entropy_forward(p.logits.view, p.target.view, o, g.out);
+    forward(g);
     f.lse = g.lse;
   }
 
   // backward, separate
   {
     Tensor grad = p.new_grad(s.grad_layout);
-    lossfuse::cross_entropy_backward(p.logits.view, p.target.view, f.lse.view, p.up(), o, grad.view);
+    Mirror m(mem);
+    lossfuse::cross_entropy_backward(m(p.logits), m(p.target), m(f.lse), m(p.grad_loss), options(m), m(grad));
+    m.download();
     check_grad(p, grad, "backward");
     EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "backward wrote outside grad_logits";
     EXPECT_TRUE(p.logits.storage == logits_before) << "backward modified the logits";
@@ -214,8 +236,10 @@ inline void run_all(const Spec& s) {
   // backward, in place
   {
     Tensor work = p.logits;
-    lossfuse::cross_entropy_backward(work.view, p.target.view, f.lse.view, p.up(), o, work.view,
+    Mirror m(mem);
+    lossfuse::cross_entropy_backward(m(work), m(p.target), m(f.lse), m(p.grad_loss), options(m), m(work),
                                      GradWrite::in_place);
+    m.download();
     check_grad(p, work, "backward in_place");
     EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place backward wrote outside the logits view";
   }
@@ -223,8 +247,10 @@ inline void run_all(const Spec& s) {
   {
     Fwd g = make_outputs(p, s.with_lse, s.with_z);
     Tensor grad = p.new_grad(s.grad_layout);
-    lossfuse::cross_entropy_forward_backward(p.logits.view, p.target.view, o, g.out, p.up(), grad.view,
-                                             GradWrite::separate);
+    Mirror m(mem);
+    lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), options(m), mirror_outputs(m, g, g.out),
+                                             m(p.grad_loss), m(grad), GradWrite::separate);
+    m.download();
     check_forward(p, g.loss, s.with_lse ? &g.lse : nullptr, s.with_z ? &g.z : nullptr, "forward_backward");
     check_grad(p, grad, "forward_backward");
     EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "forward_backward wrote outside grad_logits";
@@ -234,8 +260,10 @@ inline void run_all(const Spec& s) {
   {
     Fwd g = make_outputs(p, s.with_lse, s.with_z);
     Tensor work = p.logits;
-    lossfuse::cross_entropy_forward_backward(work.view, p.target.view, o, g.out, p.up(), work.view,
-                                             GradWrite::in_place);
+    Mirror m(mem);
+    lossfuse::cross_entropy_forward_backward(m(work), m(p.target), options(m), mirror_outputs(m, g, g.out),
+                                             m(p.grad_loss), m(work), GradWrite::in_place);
+    m.download();
     check_forward(p, g.loss, s.with_lse ? &g.lse : nullptr, s.with_z ? &g.z : nullptr, "forward_backward in_place");
     check_grad(p, work, "forward_backward in_place");
     EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place forward_backward wrote outside the logits view";

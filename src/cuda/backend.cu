@@ -1,0 +1,55 @@
+// The CUDA backend's table: cross-entropy and NLL (src/cuda/kernels.hpp). The other families have no CUDA kernels
+// yet: core refuses their CUDA operands at check_view (not_implemented, naming the argument), and their slots here
+// throw the same error should a caller reach them.
+#include "core/backend.hpp"
+
+#include <string>
+
+#include "cuda/kernels.hpp"
+#include "cuda/runtime.hpp"
+
+namespace lossfuse::core {
+namespace {
+
+void to_host(void* host, const void* src, std::size_t bytes) {
+  cuda::check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+}
+
+void from_host(void* dst, const void* host, std::size_t bytes) {
+  cuda::check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+}
+
+template <class Params>
+void not_on_cuda(const Params&) {
+  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (cross_entropy, nll)",
+              "another family on cuda");
+}
+
+bool value_scan_not_on_cuda(DType, const void*, std::int64_t, ValueScan) {
+  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (cross_entropy, nll)",
+              "an elementwise loss on cuda");
+}
+
+}  // namespace
+
+const Backend* cuda_backend() noexcept {
+  static constexpr Backend kCuda{
+      Device::cuda,
+      to_host,
+      from_host,
+      cuda::cross_entropy_rows,
+      cuda::nll_rows,
+      not_on_cuda<PwParams>,
+      value_scan_not_on_cuda,
+      not_on_cuda<CtcParams>,
+      not_on_cuda<MarginParams>,
+      not_on_cuda<MarginParams>,
+      not_on_cuda<MarginParams>,
+      not_on_cuda<MarginParams>,
+      not_on_cuda<MarginParams>,
+      not_on_cuda<LceParams>,
+  };
+  return &kCuda;
+}
+
+}  // namespace lossfuse::core

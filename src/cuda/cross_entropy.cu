@@ -1,0 +1,484 @@
+// CUDA cross-entropy and NLL kernels: the CPU backend's contract (src/core/cross_entropy_params.hpp) and math
+// (src/math/cross_entropy_math.hpp) on the device.
+//
+// Cross-entropy: one thread block per row. The forward pass reads the row once (16-byte loads where the row is
+// contiguous), each thread keeping an online (max, sum) pair and the label-smoothing / soft-target sums; the block
+// combines them in a fixed order (bitwise the same on every run). The gradient pass recomputes exp(z - lse) from a
+// second read of the row and writes the gradient (over the logits when in place: each element is read before the
+// same thread writes it). Row losses for 'mean' / 'sum' go to a double per row, summed per fixed block of rows in
+// row order, so the reduction matches the CPU backend's order. Class targets are read in their own integer dtype;
+// core has validated them, and a target the kernel still finds out of range makes its row NaN, never an
+// out-of-bounds read.
+// Accumulation in float32 (float64 for float64 logits); exp is the hardware's (__expf, a few ulp relative error at
+// the arguments <= 0 used here).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cross_entropy_params.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/runtime.hpp"
+#include "math/cross_entropy_math.hpp"
+#include "math/online_lse.hpp"
+#include "math/storage.hpp"
+
+namespace lossfuse::cuda {
+namespace {
+
+using core::CeMode;
+using core::CeParams;
+using std::int64_t;
+
+__host__ __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- element access -------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_acc(math::AccOf<T> v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(v);
+  } else {
+    return v;
+  }
+}
+
+__device__ __forceinline__ float fast_exp(float v) { return __expf(v); }
+__device__ __forceinline__ double fast_exp(double v) { return exp(v); }
+
+__device__ __forceinline__ int64_t read_target(const void* base, DType dtype, int64_t offset) {
+  switch (dtype) {
+    case DType::u8: return static_cast<const std::uint8_t*>(base)[offset];
+    case DType::i8: return static_cast<const std::int8_t*>(base)[offset];
+    case DType::i16: return static_cast<const std::int16_t*>(base)[offset];
+    case DType::i32: return static_cast<const std::int32_t*>(base)[offset];
+    case DType::i64: return static_cast<const std::int64_t*>(base)[offset];
+    default: return -1;
+  }
+}
+
+// Calls f(c, x_c in Acc) for every class c this thread owns, in a fixed order per thread. Contiguous rows go
+// 16 bytes at a time between a scalar head (up to 16-byte alignment) and a scalar tail, kUnroll loads in flight.
+template <class T, class F>
+__device__ __forceinline__ void for_row(const T* x, int64_t xs, int64_t C, F&& f) {
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  if (xs != 1) {
+    for (int64_t c = tid; c < C; c += nt) f(c, to_acc(x[c * xs]));
+    return;
+  }
+  constexpr int kV = 16 / sizeof(T);
+  constexpr int kUnroll = 4;
+  const auto addr = reinterpret_cast<std::uintptr_t>(x);
+  const int64_t head = min_i64(C, static_cast<int64_t>((16 - addr % 16) % 16 / sizeof(T)));
+  for (int64_t c = tid; c < head; c += nt) f(c, to_acc(x[c]));
+  const int64_t nvec = (C - head) / kV;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+  for (int64_t i0 = tid; i0 < nvec; i0 += nt * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nvec) v[u] = __ldg(xv + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * nt;
+      if (i < nvec) {
+        const T* e = reinterpret_cast<const T*>(&v[u]);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) f(head + i * kV + k, to_acc(e[k]));
+      }
+    }
+  }
+  for (int64_t c = head + nvec * kV + tid; c < C; c += nt) f(c, to_acc(x[c]));
+}
+
+// Writes g[c * gs] = value(c, x_c) for every class: 16-byte loads and stores where both rows are contiguous and
+// share their alignment (always so in place), else element by element. Each element is read before it is written,
+// by the same thread.
+template <class T, class F>
+__device__ __forceinline__ void map_row(const T* x, int64_t xs, T* g, int64_t gs, int64_t C, F&& value) {
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  constexpr int kV = 16 / sizeof(T);
+  const auto ax = reinterpret_cast<std::uintptr_t>(x), ag = reinterpret_cast<std::uintptr_t>(g);
+  if (xs != 1 || gs != 1 || ax % 16 != ag % 16) {
+    for (int64_t c = tid; c < C; c += nt) g[c * gs] = from_acc<T>(value(c, to_acc(x[c * xs])));
+    return;
+  }
+  const int64_t head = min_i64(C, static_cast<int64_t>((16 - ax % 16) % 16 / sizeof(T)));
+  for (int64_t c = tid; c < head; c += nt) g[c] = from_acc<T>(value(c, to_acc(x[c])));
+  const int64_t nvec = (C - head) / kV;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+  uint4* gv = reinterpret_cast<uint4*>(g + head);
+  for (int64_t i = tid; i < nvec; i += nt) {
+    const uint4 in = xv[i];  // not __ldg: in place, g is x
+    uint4 out;
+    const T* e = reinterpret_cast<const T*>(&in);
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) o[k] = from_acc<T>(value(head + i * kV + k, to_acc(e[k])));
+    gv[i] = out;
+  }
+  for (int64_t c = head + nvec * kV + tid; c < C; c += nt) g[c] = from_acc<T>(value(c, to_acc(x[c])));
+}
+
+// ---- block reduction ------------------------------------------------------------------------------------------
+
+template <class Acc>
+struct Part {
+  Acc m, s;            // online log-sum-exp
+  Acc wz, wp, wpz;     // sum w (z - ref), sum w p, sum w p (z - ref)
+  int bad;             // a NaN or +inf z was seen
+};
+
+template <class Acc>
+__device__ __forceinline__ Part<Acc> combine(const Part<Acc>& a, const Part<Acc>& b) {
+  const math::LseState<Acc> l = math::lse_combine<Acc>({a.m, a.s}, {b.m, b.s});
+  return {l.m, l.s, a.wz + b.wz, a.wp + b.wp, a.wpz + b.wpz, a.bad | b.bad};
+}
+
+template <class Acc>
+__device__ __forceinline__ Part<Acc> shfl_xor(const Part<Acc>& p, int lane_mask) {
+  return {__shfl_xor_sync(0xffffffffu, p.m, lane_mask),   __shfl_xor_sync(0xffffffffu, p.s, lane_mask),
+          __shfl_xor_sync(0xffffffffu, p.wz, lane_mask),  __shfl_xor_sync(0xffffffffu, p.wp, lane_mask),
+          __shfl_xor_sync(0xffffffffu, p.wpz, lane_mask), __shfl_xor_sync(0xffffffffu, p.bad, lane_mask)};
+}
+
+constexpr int kMaxWarps = 32;
+
+// The block's combined Part, returned to every thread. The combining order depends on the block size alone.
+template <class Acc>
+__device__ Part<Acc> block_combine(Part<Acc> p) {
+  __shared__ Part<Acc> warps[kMaxWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = (blockDim.x + 31) / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) p = combine(p, shfl_xor(p, o));
+  if (lane == 0) warps[warp] = p;
+  __syncthreads();
+  Part<Acc> r = warps[0];
+  for (int w = 1; w < nwarps; ++w) r = combine(r, warps[w]);
+  __syncthreads();  // warps[] is reused by the next row
+  return r;
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------------------------
+
+template <class T>
+struct CeKernelArgs {
+  CeParams p;                      // device pointers, but for p.weight (see w) and the host-side block sums
+  const math::AccOf<T>* w;         // class weights on the device, or nullptr
+  double* row_loss;                // mean / sum: each row's loss (and z-loss), summed per block afterwards
+  double* row_zloss;
+};
+
+template <class T, bool kSoft, bool kCap>
+__global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) {
+  using Acc = math::AccOf<T>;
+  const CeParams& p = a.p;
+  const Acc nan = static_cast<Acc>(NAN), inf = static_cast<Acc>(INFINITY);
+  const int64_t C = p.classes;
+  math::LogitTransform<Acc> xf;
+  xf.scale = static_cast<Acc>(p.scale);
+  xf.softcap = static_cast<Acc>(p.softcap);
+  xf.inv_softcap = p.softcap > 0 ? static_cast<Acc>(1.0 / p.softcap) : Acc(0);
+  math::CeRowParams<Acc> rp;
+  rp.eps = static_cast<Acc>(p.eps);
+  rp.eps_over_c = static_cast<Acc>(p.eps / static_cast<double>(C));
+  rp.sum_w = static_cast<Acc>(p.sum_w);
+  rp.z_loss_scale = static_cast<Acc>(p.z_loss_scale);
+  const Acc* w = a.w;
+  const bool need_wz = p.eps != 0.0;
+  const bool fwd = p.mode != CeMode::backward;
+  const bool bwd = p.mode != CeMode::forward;
+
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* x = static_cast<const T*>(p.logits) + p.index.offset(core::kLogitsRow, r);
+    const T* pt = nullptr;
+    int64_t y = 0;
+    if constexpr (kSoft) {
+      pt = static_cast<const T*>(p.target) + p.index.offset(core::kTargetRow, r);
+    } else {
+      y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+    }
+    const bool ignored = !kSoft && y == p.ignore_index;
+    const bool valid = kSoft || ignored || (y >= 0 && y < C);
+    const bool indexed = !kSoft && !ignored && valid;
+    const Acc w_y = indexed ? (w != nullptr ? w[y] : Acc(1)) : Acc(0);
+    const Acc x_y = indexed ? to_acc(x[y * p.x_cstride]) : Acc(0);  // read before any in-place write
+
+    math::RowSums<Acc> rs{};
+    bool ok = valid;
+    if (fwd) {
+      Acc ref = 0;  // the sums' reference: the first z when finite (any value inside the row's range serves)
+      if (need_wz || kSoft) {
+        const Acc z0 = xf.apply_as<kCap>(to_acc(x[0]));
+        ref = isfinite(z0) ? z0 : Acc(0);
+      }
+      Part<Acc> part{-inf, 0, 0, 0, 0, 0};
+      for_row(x, p.x_cstride, C, [&](int64_t c, Acc xv) {
+        const Acc z = xf.apply_as<kCap>(xv);
+        part.bad |= !(z < inf);
+        if (z > part.m) {
+          part.s = part.s * fast_exp(part.m - z) + Acc(1);
+          part.m = z;
+        } else if (z != -inf) {
+          part.s += fast_exp(z - part.m);
+        }
+        if (need_wz || kSoft) {
+          const Acc wc = w != nullptr ? w[c] : Acc(1);
+          if (need_wz) part.wz += wc * (z - ref);
+          if constexpr (kSoft) {
+            const Acc pc = to_acc(pt[c * p.t_cstride]);
+            part.wp += wc * pc;
+            part.wpz += wc * pc * (z - ref);
+          }
+        }
+      });
+      part = block_combine(part);
+      ok = ok && !part.bad && part.m > -inf;
+      rs.m = ref;
+      rs.top = part.m;
+      rs.log_s = log(part.s);
+      rs.lse = ok ? rs.top + rs.log_s : nan;
+      rs.sum_wz = part.wz;
+      rs.sum_wp = part.wp;
+      rs.sum_wpz = part.wpz;
+      if (threadIdx.x == 0) {
+        Acc loss = 0, zl = 0;
+        if (!ignored) {
+          if (ok) {
+            loss = kSoft ? math::ce_soft_row_loss(rp, rs) : math::ce_index_row_loss(rp, rs, w_y, xf.apply(x_y));
+            zl = math::z_loss_row(rp, rs.lse);
+            loss += zl;
+          } else {
+            loss = zl = nan;
+          }
+        }
+        if (p.lse_rows != nullptr) {
+          if (p.lse_f64) {
+            static_cast<double*>(p.lse_rows)[r] =
+                ok ? static_cast<double>(rs.top) + static_cast<double>(rs.log_s) : static_cast<double>(NAN);
+          } else {
+            static_cast<Acc*>(p.lse_rows)[r] = rs.lse;
+          }
+        }
+        if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
+        if (p.zloss_rows != nullptr) static_cast<Acc*>(p.zloss_rows)[r] = zl;
+        if (a.row_loss != nullptr) {
+          a.row_loss[r] = static_cast<double>(loss);
+          a.row_zloss[r] = static_cast<double>(zl);
+        }
+      }
+    } else {
+      if (p.lse_f64) {
+        const double saved = static_cast<const double*>(p.lse_in)[r];
+        rs.top = static_cast<Acc>(saved);
+        rs.log_s = isfinite(rs.top) ? static_cast<Acc>(saved - static_cast<double>(rs.top)) : Acc(0);
+        rs.lse = rs.top;
+      } else {
+        rs.lse = static_cast<const Acc*>(p.lse_in)[r];
+        rs.top = rs.lse;
+        rs.log_s = 0;
+      }
+      ok = ok && !isnan(rs.lse);
+      if constexpr (kSoft) {
+        Part<Acc> part{-inf, 0, 0, 0, 0, 0};
+        for_row(pt, p.t_cstride, C, [&](int64_t c, Acc pc) { part.wp += (w != nullptr ? w[c] : Acc(1)) * pc; });
+        rs.sum_wp = block_combine(part).wp;
+      }
+    }
+    if (!bwd) continue;
+    __syncthreads();  // every thread has read x_y before any gradient (in place: the logits) is written
+
+    T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
+    if (!ok || ignored) {
+      // PyTorch's log_softmax backward gives NaN on a non-finite row, even when its target is ignored.
+      const Acc fill = ok ? Acc(0) : nan;
+      map_row(x, p.x_cstride, g, p.g_cstride, C, [&](int64_t, Acc) { return fill; });
+      continue;
+    }
+    Acc gscale = static_cast<Acc>(p.grad_scale);
+    if (p.grad_loss != nullptr) {
+      gscale = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
+                                p.grad_scale);
+    }
+    const Acc A = kSoft ? math::ce_soft_grad_a(rp, rs) : math::ce_index_grad_a(rp, rs.lse, w_y);
+    const Acc one_m = Acc(1) - rp.eps;
+    const bool smooth = rp.eps_over_c != Acc(0);
+    map_row(x, p.x_cstride, g, p.g_cstride, C, [&](int64_t c, Acc xv) {
+      const Acc z = xf.apply_as<kCap>(xv);
+      Acc t = fast_exp((z - rs.top) - rs.log_s) * A;
+      if (kSoft || smooth) {
+        Acc b = rp.eps_over_c;
+        if constexpr (kSoft) b += one_m * to_acc(pt[c * p.t_cstride]);
+        if (w != nullptr) b *= w[c];
+        t -= b;
+      }
+      if (!kSoft && c == y) t -= one_m * w_y;
+      return t * gscale * xf.template derivative_from_z<kCap>(z);
+    });
+  }
+}
+
+// Sums each block of rows_per_block row values in row order (the CPU backend's order) into out[block].
+__global__ void block_sums_kernel(const double* rows, int64_t n, int64_t per_block, int64_t blocks, double* out) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  double s = 0;
+  const int64_t end = min_i64(n, (b + 1) * per_block);
+  for (int64_t r = b * per_block; r < end; ++r) s += rows[r];
+  out[b] = s;
+}
+
+// ---- NLL ------------------------------------------------------------------------------------------------------
+
+template <class T>
+__global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, double* row_loss) {
+  using Acc = math::AccOf<T>;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= p.rows) return;
+  const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+  Acc loss = 0;  // ignored rows contribute exactly 0 (never 0 * x)
+  if (y != p.ignore_index) {
+    if (y >= 0 && y < p.classes) {
+      const Acc w_y = w != nullptr ? w[y] : Acc(1);
+      loss = -w_y * to_acc(static_cast<const T*>(p.logits)[p.index.offset(core::kLogitsRow, r) + y * p.x_cstride]);
+    } else {
+      loss = static_cast<Acc>(NAN);
+    }
+  }
+  if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
+  if (row_loss != nullptr) row_loss[r] = static_cast<double>(loss);
+}
+
+template <class T>
+__global__ void __launch_bounds__(1024) nll_backward_kernel(const CeParams p, const math::AccOf<T>* w) {
+  using Acc = math::AccOf<T>;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+    const bool ignored = y == p.ignore_index;
+    Acc v = 0;
+    if (!ignored) {
+      Acc gs = static_cast<Acc>(p.grad_scale);
+      if (p.grad_loss != nullptr) {
+        gs = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
+                              p.grad_scale);
+      }
+      v = (y >= 0 && y < p.classes) ? -(w != nullptr ? w[y] : Acc(1)) * gs : static_cast<Acc>(NAN);
+    }
+    T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
+    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) {
+      g[c * p.g_cstride] = from_acc<T>(c == y ? v : Acc(0));
+    }
+  }
+}
+
+// ---- launch ---------------------------------------------------------------------------------------------------
+
+// Threads per row block: a warp per 256 elements, at least one and at most 16 warps.
+int row_threads(int64_t classes) {
+  const int64_t warps = std::clamp<int64_t>((classes + 255) / 256, 1, 16);
+  return static_cast<int>(warps * 32);
+}
+
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
+
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+// Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
+template <class Acc>
+const Acc* upload_weights(const CeParams& p, const Scratch<Acc>& buf) {
+  if (p.weight == nullptr) return nullptr;
+  check(cudaMemcpyAsync(buf.get(), p.weight, static_cast<std::size_t>(p.classes) * sizeof(Acc),
+                        cudaMemcpyHostToDevice, nullptr),
+        "cudaMemcpyAsync (class weights)");
+  return buf.get();
+}
+
+// mean / sum: the per-row values summed per block of rows, copied into the host's block array.
+void finish_blocks(const double* rows_dev, int64_t rows, int64_t per_block, double* host_blocks) {
+  const int64_t blocks = (rows + per_block - 1) / per_block;
+  if (blocks == 0) return;
+  const Scratch<double> out(static_cast<std::size_t>(blocks));
+  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256>>>(rows_dev, rows, per_block, blocks,
+                                                                           out.get());
+  check_launch("block_sums_kernel");
+  check(cudaMemcpy(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
+                   cudaMemcpyDeviceToHost),
+        "cudaMemcpy (loss blocks)");
+}
+
+template <class T>
+void ce_run(const CeParams& p) {
+  using Acc = math::AccOf<T>;
+  if (p.rows == 0) return;
+  const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
+  const bool reduced = p.block_loss != nullptr;
+  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
+  CeKernelArgs<T> a{p, upload_weights<Acc>(p, wbuf), rows_loss.get(), reduced ? rows_loss.get() + p.rows : nullptr};
+  a.p.weight = nullptr;
+  a.p.block_loss = a.p.block_zloss = nullptr;
+  const int threads = row_threads(p.classes);
+  const unsigned grid = row_grid(p.rows);
+  if (p.soft) {
+    p.softcap > 0 ? ce_rows_kernel<T, true, true><<<grid, threads>>>(a)
+                  : ce_rows_kernel<T, true, false><<<grid, threads>>>(a);
+  } else {
+    p.softcap > 0 ? ce_rows_kernel<T, false, true><<<grid, threads>>>(a)
+                  : ce_rows_kernel<T, false, false><<<grid, threads>>>(a);
+  }
+  check_launch("ce_rows_kernel");
+  if (reduced) {
+    finish_blocks(a.row_loss, p.rows, p.rows_per_block, p.block_loss);
+    finish_blocks(a.row_zloss, p.rows, p.rows_per_block, p.block_zloss);
+  }
+  check(cudaStreamSynchronize(nullptr), "cross_entropy kernels");
+}
+
+template <class T>
+void nll_run(const CeParams& p) {
+  using Acc = math::AccOf<T>;
+  if (p.rows == 0) return;
+  const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
+  const Acc* w = upload_weights<Acc>(p, wbuf);
+  CeParams q = p;
+  q.weight = nullptr;
+  q.block_loss = q.block_zloss = nullptr;
+  if (p.mode == CeMode::forward) {
+    const bool reduced = p.block_loss != nullptr;
+    const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
+    nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256>>>(q, w, rows_loss.get());
+    check_launch("nll_forward_kernel");
+    if (reduced) finish_blocks(rows_loss.get(), p.rows, p.rows_per_block, p.block_loss);
+  } else {
+    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes)>>>(q, w);
+    check_launch("nll_backward_kernel");
+  }
+  check(cudaStreamSynchronize(nullptr), "nll kernels");
+}
+
+template <class F>
+void visit(DType dtype, F&& f) {
+  math::visit_float_storage<__nv_bfloat16, __half>(dtype, [&](auto tag) { f(tag); });
+}
+
+}  // namespace
+
+void cross_entropy_rows(const CeParams& p) {
+  visit(p.dtype, [&](auto tag) { ce_run<decltype(tag)>(p); });
+}
+
+void nll_rows(const CeParams& p) {
+  visit(p.dtype, [&](auto tag) { nll_run<decltype(tag)>(p); });
+}
+
+}  // namespace lossfuse::cuda

@@ -1,0 +1,177 @@
+// cross_entropy_* and nll_* on CUDA tensors against the float64 reference: the CPU suite's spec tables
+// (tests/cpu/ce_specs.hpp, nll_harness.hpp) run through device copies of every operand (tests/device_mirror.hpp),
+// plus what only a device shows: bad targets refused before any device output is written, operands on two devices,
+// families without CUDA kernels, and bitwise-repeatable results. Without a CUDA device every test is skipped
+// (main exits 77, which ctest reports as skipped, never passed).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cpu/ce_specs.hpp"
+#include "cpu/nll_harness.hpp"
+#include "lossfuse/pointwise.hpp"
+
+namespace lftest {
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+const DeviceMemory kCuda{
+    lossfuse::Device::cuda,
+    [](std::size_t bytes) {
+      void* p = nullptr;
+      cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
+      return p;
+    },
+    [](void* p) { (void)cudaFree(p); },
+    [](void* dst, const void* host, std::size_t bytes) {
+      cuda_ok(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    },
+    [](void* host, const void* src, std::size_t bytes) {
+      cuda_ok(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    },
+};
+
+
+std::string param_name(const auto& i) { return i.param.name; }
+
+}  // namespace
+
+namespace ce {
+namespace {
+
+class CrossEntropyCuda : public ::testing::TestWithParam<Spec> {};
+TEST_P(CrossEntropyCuda, MatchesReference) {
+  run_all(GetParam(), &kCuda);
+}
+INSTANTIATE_TEST_SUITE_P(Vocab, CrossEntropyCuda, ::testing::ValuesIn(vocab_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Options, CrossEntropyCuda, ::testing::ValuesIn(option_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Soft, CrossEntropyCuda, ::testing::ValuesIn(soft_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda, ::testing::ValuesIn(shape_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(TargetDtypes, CrossEntropyCuda, ::testing::ValuesIn(target_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Adversarial, CrossEntropyCuda, ::testing::ValuesIn(adversarial_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Edge, CrossEntropyCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
+
+Spec base_spec(DType dt, DType tdt) {
+  Spec s;
+  s.name = "device_misc";
+  s.dt = dt;
+  s.tdt = tdt;
+  s.shape = {64, 1000};
+  return s;
+}
+
+// A class index out of range is an IndexError naming its position and value; no device output is written.
+TEST(CrossEntropyCudaErrors, BadTargetNamesPositionAndWritesNothing) {
+  for (DType tdt : {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64}) {
+    Spec s = base_spec(DType::bf16, tdt);
+    s.shape = {64, 100};
+    Problem p = build(s);
+    p.target.set_int(37, tdt == DType::u8 ? 200 : -3);
+    Fwd f = make_outputs(p, true, true);
+    Tensor grad = p.new_grad(Layout::contiguous);
+    const auto sentinel_loss = f.loss.storage, sentinel_grad = grad.storage;
+    Mirror m(&kCuda);
+    try {
+      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), p.options(), mirror_outputs(m, f, f.out),
+                                               std::nullopt, m(grad));
+      ADD_FAILURE() << "no error for a bad target of dtype " << lossfuse::dtype_name(tdt);
+    } catch (const lossfuse::Error& e) {
+      EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error);
+      EXPECT_NE(std::string(e.what()).find("at position [37]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(tdt == DType::u8 ? "200" : "-3"), std::string::npos) << e.what();
+    }
+    m.download();
+    EXPECT_TRUE(f.loss.storage == sentinel_loss) << "loss written despite the error";
+    EXPECT_TRUE(grad.storage == sentinel_grad) << "gradient written despite the error";
+  }
+}
+
+// Every operand must live on the logits' device; other families have no CUDA kernels yet.
+TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
+  Problem p = build(base_spec(DType::f32, DType::i64));
+  Fwd f = make_outputs(p, false, false);
+  Mirror m(&kCuda);
+  const TensorView logits = m(p.logits);
+  try {
+    lossfuse::cross_entropy_forward(logits, p.target.view, p.options(), mirror_outputs(m, f, f.out));
+    ADD_FAILURE() << "a host target was accepted with device logits";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_EQ(e.argument(), "target");
+  }
+  try {
+    lossfuse::cross_entropy_forward(logits, m(p.target), p.options(), f.out);
+    ADD_FAILURE() << "a host loss output was accepted with device logits";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_EQ(e.argument(), "loss");
+  }
+  Tensor x2 = p.logits;
+  try {
+    lossfuse::mse_forward(m(p.logits), m(x2), {}, m(f.loss));
+    ADD_FAILURE() << "an elementwise loss ran on CUDA tensors";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_EQ(e.code(), lossfuse::ErrorCode::not_implemented) << e.what();
+  }
+}
+
+// The same call twice gives the same bits (fixed reduction order, no atomics).
+TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Spec s = base_spec(dt, DType::i32);
+    s.shape = {256, 50257};
+    s.eps = 0.1;
+    s.weight = true;
+    Problem p = build(s);
+    std::vector<std::vector<std::uint8_t>> runs;
+    for (int i = 0; i < 2; ++i) {
+      Fwd f = make_outputs(p, true, true);
+      Tensor grad = p.new_grad(Layout::contiguous);
+      Mirror m(&kCuda);
+      CrossEntropyOptions o = p.options();
+      o.weight = m(p.weight);
+      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), o, mirror_outputs(m, f, f.out),
+                                               std::nullopt, m(grad));
+      m.download();
+      std::vector<std::uint8_t> bits = f.loss.storage;
+      bits.insert(bits.end(), f.lse.storage.begin(), f.lse.storage.end());
+      bits.insert(bits.end(), grad.storage.begin(), grad.storage.end());
+      runs.push_back(bits);
+    }
+    EXPECT_TRUE(runs[0] == runs[1]) << lossfuse::dtype_name(dt);
+  }
+}
+
+}  // namespace
+}  // namespace ce
+
+namespace nll {
+namespace {
+
+class NllCuda : public ::testing::TestWithParam<Spec> {};
+TEST_P(NllCuda, MatchesReference) {
+  run_all(GetParam(), &kCuda);
+}
+INSTANTIATE_TEST_SUITE_P(Options, NllCuda, ::testing::ValuesIn(option_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Layouts, NllCuda, ::testing::ValuesIn(layout_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(TargetDtypes, NllCuda, ::testing::ValuesIn(target_specs()), [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Edge, NllCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
+
+}  // namespace
+}  // namespace nll
+}  // namespace lftest
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device on this machine: every CUDA test skipped\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
