@@ -2,7 +2,8 @@
 // params struct core filled. Core checks the arguments, fills the params and calls the entry of the device the
 // operands live on; no file in src/core includes a backend's header. A backend provides its table from one function
 // (src/<device>/backend.cpp); a device with no table in this build reports ErrorCode::not_implemented.
-// The entries never throw, but for linear_cross_entropy, whose GEMM hook may decline a product (not_implemented).
+// The entries never throw, but for linear_cross_entropy, whose GEMM hook may decline a product (not_implemented), and
+// device backends' entries, on a failed runtime call (device_error).
 #pragma once
 
 #include <cstddef>
@@ -60,8 +61,8 @@ class HostCopy {
   TensorView view_;
 };
 
-// Each backend's table: nullptr when it is not built in. cpu: src/cpu/backend.cpp; cuda: its slot (nullptr) in
-// src/core/backend.cpp until src/cuda/ provides it.
+// Each backend's table: nullptr when it is not built in. cpu: src/cpu/backend.cpp; cuda: src/cuda/backend.cu (in a
+// build with LOSSFUSE_WITH_CUDA; else the nullptr slot in src/core/backend.cpp).
 const Backend* cpu_backend() noexcept;
 const Backend* cuda_backend() noexcept;
 

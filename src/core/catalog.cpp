@@ -38,22 +38,35 @@ constexpr Family kFamilies[] = {
     {LossKind::linear_cross_entropy, true},
 };
 
+// CUDA kernels (src/cuda/), in a build with the CUDA backend.
+#if defined(LOSSFUSE_WITH_CUDA)
+constexpr Family kCudaFamilies[] = {
+    {LossKind::cross_entropy, true},
+    {LossKind::nll, false},
+};
+#else
+constexpr std::array<Family, 0> kCudaFamilies{};
+#endif
+
 constexpr std::size_t count_entries() {
   std::size_t n = 0;
   for (const Family& f : kFamilies) n += std::size(kFloatDTypes) * (f.fused ? 3 : 2);
+  for (const Family& f : kCudaFamilies) n += std::size(kFloatDTypes) * (f.fused ? 3 : 2);
   return n;
 }
 
 constexpr std::array<OpEntry, count_entries()> make_entries() {
   std::array<OpEntry, count_entries()> e{};
   std::size_t i = 0;
-  for (const Family& f : kFamilies) {
+  auto add = [&](const Family& f, Device dev) {
     for (DType t : kFloatDTypes) {
-      e[i++] = {f.kind, t, Device::cpu, Direction::forward};
-      e[i++] = {f.kind, t, Device::cpu, Direction::backward};
-      if (f.fused) e[i++] = {f.kind, t, Device::cpu, Direction::forward_backward};
+      e[i++] = {f.kind, t, dev, Direction::forward};
+      e[i++] = {f.kind, t, dev, Direction::backward};
+      if (f.fused) e[i++] = {f.kind, t, dev, Direction::forward_backward};
     }
-  }
+  };
+  for (const Family& f : kFamilies) add(f, Device::cpu);
+  for (const Family& f : kCudaFamilies) add(f, Device::cuda);
   return e;
 }
 

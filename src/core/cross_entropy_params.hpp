@@ -26,6 +26,7 @@ struct CeParams {
   std::int64_t x_cstride = 1, t_cstride = 1, g_cstride = 1;
   RowIndex index;
 
+  // Operands and row outputs live on the backend's device; weight and the block sums below in host memory.
   const void* weight = nullptr;  // Acc[classes rounded up to 64], zero padded; nullptr: unweighted
   double sum_w = 0;              // sum of all class weights (classes when unweighted)
   double scale = 1, softcap = 0, eps = 0, z_loss_scale = 0;

@@ -3,10 +3,40 @@
 // throw the same error should a caller reach them.
 #include "core/backend.hpp"
 
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
+
+namespace lossfuse::cuda {
+
+cudaMemPool_t scratch_pool() {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 0 || dev >= kMaxDevices) {
+    throw Error(ErrorCode::device_error, "device", "a CUDA device index below 64", std::to_string(dev));
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  if (pools[dev] == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool = nullptr;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    std::uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    pools[dev] = pool;
+  }
+  return pools[dev];
+}
+
+}  // namespace lossfuse::cuda
 
 namespace lossfuse::core {
 namespace {

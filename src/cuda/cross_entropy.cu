@@ -66,40 +66,57 @@ __device__ __forceinline__ int64_t read_target(const void* base, DType dtype, in
   }
 }
 
-// Calls f(c, x_c in Acc) for every class c this thread owns, in a fixed order per thread. Contiguous rows go
-// 16 bytes at a time between a scalar head (up to 16-byte alignment) and a scalar tail, kUnroll loads in flight.
+// f(c, x_c, 1) for the classes c in [from, to) this thread owns (from + threadIdx.x, then every blockDim.x).
+template <class T, class F>
+__device__ __forceinline__ void visit_scalars(const T* x, int64_t xs, int64_t from, int64_t to, F& f) {
+  for (int64_t c = from + threadIdx.x; c < to; c += blockDim.x) {
+    const math::AccOf<T> v[1] = {to_acc(x[c * xs])};
+    f(c, v, std::integral_constant<int, 1>{});
+  }
+}
+
+// f(c0, the 16 / sizeof(T) values of `raw`, that count): classes c0, c0 + 1, ...
+template <class T, class F>
+__device__ __forceinline__ void visit_word(const uint4& raw, int64_t c0, F& f) {
+  constexpr int kV = 16 / sizeof(T);
+  const T* e = reinterpret_cast<const T*>(&raw);
+  math::AccOf<T> v[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) v[k] = to_acc(e[k]);
+  f(c0, v, std::integral_constant<int, kV>{});
+}
+
+// Calls f(c0, v, n) for every run of classes this thread owns, in a fixed order per thread: v[0..N) holds x_c0 ..
+// x_(c0+N-1) in Acc and n is std::integral_constant<int, N>, N = 16 / sizeof(T) for the 16-byte loads of a contiguous
+// row (kUnroll of them in flight) and 1 for its unaligned head and tail and for strided rows.
 template <class T, class F>
 __device__ __forceinline__ void for_row(const T* x, int64_t xs, int64_t C, F&& f) {
-  const int64_t tid = threadIdx.x, nt = blockDim.x;
   if (xs != 1) {
-    for (int64_t c = tid; c < C; c += nt) f(c, to_acc(x[c * xs]));
+    visit_scalars(x, xs, 0, C, f);
     return;
   }
   constexpr int kV = 16 / sizeof(T);
   constexpr int kUnroll = 4;
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
   const auto addr = reinterpret_cast<std::uintptr_t>(x);
   const int64_t head = min_i64(C, static_cast<int64_t>((16 - addr % 16) % 16 / sizeof(T)));
-  for (int64_t c = tid; c < head; c += nt) f(c, to_acc(x[c]));
+  visit_scalars(x, 1, 0, head, f);
   const int64_t nvec = (C - head) / kV;
   const uint4* xv = reinterpret_cast<const uint4*>(x + head);
   for (int64_t i0 = tid; i0 < nvec; i0 += nt * kUnroll) {
-    uint4 v[kUnroll];
+    uint4 raw[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + u * nt;
-      if (i < nvec) v[u] = __ldg(xv + i);
+      if (i < nvec) raw[u] = xv[i];  // plain loads: in place, the kernel later writes these bytes
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + u * nt;
-      if (i < nvec) {
-        const T* e = reinterpret_cast<const T*>(&v[u]);
-#pragma unroll
-        for (int k = 0; k < kV; ++k) f(head + i * kV + k, to_acc(e[k]));
-      }
+      if (i < nvec) visit_word<T>(raw[u], head + i * kV, f);
     }
   }
-  for (int64_t c = head + nvec * kV + tid; c < C; c += nt) f(c, to_acc(x[c]));
+  visit_scalars(x, 1, head + nvec * kV, C, f);
 }
 
 // Writes g[c * gs] = value(c, x_c) for every class: 16-byte loads and stores where both rows are contiguous and
@@ -131,13 +148,73 @@ __device__ __forceinline__ void map_row(const T* x, int64_t xs, T* g, int64_t gs
   for (int64_t c = head + nvec * kV + tid; c < C; c += nt) g[c] = from_acc<T>(value(c, to_acc(x[c])));
 }
 
+// A contiguous row of up to kKeep 16-byte vectors per thread, kept in registers between the forward's read and the
+// gradient's write, so the fused entry reads the row once (a third less traffic than reading it twice). The vectors
+// are those for_row's contiguous path visits; the unaligned head and tail go through memory.
+template <class T, int kKeep>
+struct KeptRow {
+  static constexpr int kV = 16 / sizeof(T);
+  using Acc = math::AccOf<T>;
+  uint4 keep[kKeep];
+  int64_t head = 0, nvec = 0;
+
+  // Whether the row fits and the gradient row shares the logits' alignment (always so in place).
+  __device__ __forceinline__ bool fits(const T* x, int64_t xs, const T* g, int64_t gs, int64_t C) {
+    const auto ax = reinterpret_cast<std::uintptr_t>(x), ag = reinterpret_cast<std::uintptr_t>(g);
+    head = min_i64(C, static_cast<int64_t>((16 - ax % 16) % 16 / sizeof(T)));
+    nvec = (C - head) / kV;
+    return xs == 1 && gs == 1 && ax % 16 == ag % 16 && nvec <= int64_t{kKeep} * blockDim.x;
+  }
+  // As for_row, keeping the vectors.
+  template <class F>
+  __device__ __forceinline__ void load(const T* x, int64_t C, F&& f) {
+    const int64_t tid = threadIdx.x, nt = blockDim.x;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+#pragma unroll
+    for (int j = 0; j < kKeep; ++j) {
+      if (tid + j * nt < nvec) keep[j] = xv[tid + j * nt];
+    }
+    visit_scalars(x, 1, 0, head, f);
+#pragma unroll
+    for (int j = 0; j < kKeep; ++j) {
+      if (tid + j * nt < nvec) visit_word<T>(keep[j], head + (tid + j * nt) * kV, f);
+    }
+    visit_scalars(x, 1, head + nvec * kV, C, f);
+  }
+  // As map_row, from the kept vectors.
+  template <class V>
+  __device__ __forceinline__ void store(const T* x, T* g, int64_t C, V&& value) {
+    const int64_t tid = threadIdx.x, nt = blockDim.x;
+    uint4* gv = reinterpret_cast<uint4*>(g + head);
+    for (int64_t c = tid; c < head; c += nt) g[c] = from_acc<T>(value(c, to_acc(x[c])));
+#pragma unroll
+    for (int j = 0; j < kKeep; ++j) {
+      const int64_t i = tid + j * nt;
+      if (i < nvec) {
+        const T* e = reinterpret_cast<const T*>(&keep[j]);
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) o[k] = from_acc<T>(value(head + i * kV + k, to_acc(e[k])));
+        gv[i] = out;
+      }
+    }
+    for (int64_t c = head + nvec * kV + tid; c < C; c += nt) g[c] = from_acc<T>(value(c, to_acc(x[c])));
+  }
+};
+
+// Threads per row at most, and vectors per thread a fused row keeps: 16 x 16 bytes (64 registers), rows up to
+// 64 KiB at 256 threads.
+constexpr int kMaxRowThreads = 256;
+constexpr int kKeepVectors = 16;
+
 // ---- block reduction ------------------------------------------------------------------------------------------
 
 template <class Acc>
 struct Part {
   Acc m, s;            // online log-sum-exp
   Acc wz, wp, wpz;     // sum w (z - ref), sum w p, sum w p (z - ref)
-  int bad;             // a NaN or +inf z was seen
+  int bad;             // a NaN or +inf z was seen (set from s, or where only -inf and NaN were seen)
 };
 
 template <class Acc>
@@ -180,8 +257,10 @@ struct CeKernelArgs {
   double* row_zloss;
 };
 
-template <class T, bool kSoft, bool kCap>
-__global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) {
+// kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
+// rows fit KeptRow (two blocks per multiprocessor, 128 registers per thread; the others four, 64).
+template <class T, bool kSoft, bool kCap, bool kSums, bool kKeep>
+__global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(const CeKernelArgs<T> a) {
   using Acc = math::AccOf<T>;
   const CeParams& p = a.p;
   const Acc nan = static_cast<Acc>(NAN), inf = static_cast<Acc>(INFINITY);
@@ -209,42 +288,73 @@ __global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) 
     } else {
       y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     }
-    const bool ignored = !kSoft && y == p.ignore_index;
-    const bool valid = kSoft || ignored || (y >= 0 && y < C);
-    const bool indexed = !kSoft && !ignored && valid;
-    const Acc w_y = indexed ? (w != nullptr ? w[y] : Acc(1)) : Acc(0);
-    const Acc x_y = indexed ? to_acc(x[y * p.x_cstride]) : Acc(0);  // read before any in-place write
+    // The target's weight and logit, read once the row's own loads are in flight (the target load above is issued
+    // first and used here) and before any in-place write.
+    bool ignored = false, valid = true;
+    Acc w_y = 0, x_y = 0;
+    auto resolve_target = [&] {
+      ignored = !kSoft && y == p.ignore_index;
+      valid = kSoft || ignored || (y >= 0 && y < C);
+      if (!kSoft && !ignored && valid) {
+        w_y = w != nullptr ? w[y] : Acc(1);
+        x_y = to_acc(x[y * p.x_cstride]);
+      }
+    };
+    T* g = bwd ? static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r) : nullptr;
+    KeptRow<T, kKeep ? kKeepVectors : 1> kept;
+    const bool keep = kKeep && kept.fits(x, p.x_cstride, g, p.g_cstride, C);  // the same for the whole block
 
     math::RowSums<Acc> rs{};
-    bool ok = valid;
+    bool ok = true;
     if (fwd) {
       Acc ref = 0;  // the sums' reference: the first z when finite (any value inside the row's range serves)
-      if (need_wz || kSoft) {
-        const Acc z0 = xf.apply_as<kCap>(to_acc(x[0]));
+      if constexpr (kSums) {
+        const Acc z0 = xf.template apply_as<kCap>(to_acc(x[0]));
         ref = isfinite(z0) ? z0 : Acc(0);
       }
       Part<Acc> part{-inf, 0, 0, 0, 0, 0};
-      for_row(x, p.x_cstride, C, [&](int64_t c, Acc xv) {
-        const Acc z = xf.apply_as<kCap>(xv);
-        part.bad |= !(z < inf);
-        if (z > part.m) {
-          part.s = part.s * fast_exp(part.m - z) + Acc(1);
-          part.m = z;
-        } else if (z != -inf) {
-          part.s += fast_exp(z - part.m);
+      auto stats = [&](int64_t c0, const Acc* v, auto n) {
+        constexpr int N = decltype(n)::value;
+        Acc z[N];
+        Acc vmax = -inf;  // NaN is skipped here: it reaches s (or bad) below
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          z[k] = xf.template apply_as<kCap>(v[k]);
+          vmax = z[k] > vmax ? z[k] : vmax;
         }
-        if (need_wz || kSoft) {
-          const Acc wc = w != nullptr ? w[c] : Acc(1);
-          if (need_wz) part.wz += wc * (z - ref);
-          if constexpr (kSoft) {
-            const Acc pc = to_acc(pt[c * p.t_cstride]);
-            part.wp += wc * pc;
-            part.wpz += wc * pc * (z - ref);
+        if (vmax > part.m) {  // one rescale per run; +inf makes s NaN below, as NaN does
+          part.s *= fast_exp(part.m - vmax);
+          part.m = vmax;
+        }
+        if (part.m > -inf) {
+#pragma unroll
+          for (int k = 0; k < N; ++k) part.s += fast_exp(z[k] - part.m);
+        } else {
+#pragma unroll
+          for (int k = 0; k < N; ++k) part.bad |= isnan(z[k]);  // only -inf or NaN so far
+        }
+        if constexpr (kSums) {
+#pragma unroll
+          for (int k = 0; k < N; ++k) {
+            const Acc wc = w != nullptr ? w[c0 + k] : Acc(1);
+            if (need_wz) part.wz += wc * (z[k] - ref);
+            if constexpr (kSoft) {
+              const Acc pc = to_acc(pt[(c0 + k) * p.t_cstride]);
+              part.wp += wc * pc;
+              part.wpz += wc * pc * (z[k] - ref);
+            }
           }
         }
-      });
+      };
+      if (keep) {
+        kept.load(x, C, stats);
+      } else {
+        for_row(x, p.x_cstride, C, stats);
+      }
+      part.bad |= isnan(part.s);  // a NaN or +inf z
+      resolve_target();
       part = block_combine(part);
-      ok = ok && !part.bad && part.m > -inf;
+      ok = valid && !part.bad && part.m > -inf;
       rs.m = ref;
       rs.top = part.m;
       rs.log_s = log(part.s);
@@ -279,6 +389,7 @@ __global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) 
         }
       }
     } else {
+      resolve_target();
       if (p.lse_f64) {
         const double saved = static_cast<const double*>(p.lse_in)[r];
         rs.top = static_cast<Acc>(saved);
@@ -289,17 +400,19 @@ __global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) 
         rs.top = rs.lse;
         rs.log_s = 0;
       }
-      ok = ok && !isnan(rs.lse);
+      ok = valid && !isnan(rs.lse);
       if constexpr (kSoft) {
         Part<Acc> part{-inf, 0, 0, 0, 0, 0};
-        for_row(pt, p.t_cstride, C, [&](int64_t c, Acc pc) { part.wp += (w != nullptr ? w[c] : Acc(1)) * pc; });
+        for_row(pt, p.t_cstride, C, [&](int64_t c0, const Acc* v, auto n) {
+#pragma unroll
+          for (int k = 0; k < decltype(n)::value; ++k) part.wp += (w != nullptr ? w[c0 + k] : Acc(1)) * v[k];
+        });
         rs.sum_wp = block_combine(part).wp;
       }
     }
     if (!bwd) continue;
     __syncthreads();  // every thread has read x_y before any gradient (in place: the logits) is written
 
-    T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
     if (!ok || ignored) {
       // PyTorch's log_softmax backward gives NaN on a non-finite row, even when its target is ignored.
       const Acc fill = ok ? Acc(0) : nan;
@@ -313,11 +426,10 @@ __global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) 
     }
     const Acc A = kSoft ? math::ce_soft_grad_a(rp, rs) : math::ce_index_grad_a(rp, rs.lse, w_y);
     const Acc one_m = Acc(1) - rp.eps;
-    const bool smooth = rp.eps_over_c != Acc(0);
-    map_row(x, p.x_cstride, g, p.g_cstride, C, [&](int64_t c, Acc xv) {
-      const Acc z = xf.apply_as<kCap>(xv);
+    auto value = [&](int64_t c, Acc xv) {
+      const Acc z = xf.template apply_as<kCap>(xv);
       Acc t = fast_exp((z - rs.top) - rs.log_s) * A;
-      if (kSoft || smooth) {
+      if constexpr (kSums) {
         Acc b = rp.eps_over_c;
         if constexpr (kSoft) b += one_m * to_acc(pt[c * p.t_cstride]);
         if (w != nullptr) b *= w[c];
@@ -325,7 +437,12 @@ __global__ void __launch_bounds__(1024) ce_rows_kernel(const CeKernelArgs<T> a) 
       }
       if (!kSoft && c == y) t -= one_m * w_y;
       return t * gscale * xf.template derivative_from_z<kCap>(z);
-    });
+    };
+    if (keep) {
+      kept.store(x, g, C, value);
+    } else {
+      map_row(x, p.x_cstride, g, p.g_cstride, C, value);
+    }
   }
 }
 
@@ -361,7 +478,7 @@ __global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, do
 }
 
 template <class T>
-__global__ void __launch_bounds__(1024) nll_backward_kernel(const CeParams p, const math::AccOf<T>* w) {
+__global__ void __launch_bounds__(kMaxRowThreads) nll_backward_kernel(const CeParams p, const math::AccOf<T>* w) {
   using Acc = math::AccOf<T>;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
@@ -384,9 +501,10 @@ __global__ void __launch_bounds__(1024) nll_backward_kernel(const CeParams p, co
 
 // ---- launch ---------------------------------------------------------------------------------------------------
 
-// Threads per row block: a warp per 256 elements, at least one and at most 16 warps.
+// Threads per row block: a warp per 256 elements, at least one and at most 8 warps (the kernels' launch bounds), so
+// that several rows are in flight on each multiprocessor to hide each row's serial steps (target, combine, loss).
 int row_threads(int64_t classes) {
-  const int64_t warps = std::clamp<int64_t>((classes + 255) / 256, 1, 16);
+  const int64_t warps = std::clamp<int64_t>((classes + 255) / 256, 1, kMaxRowThreads / 32);
   return static_cast<int>(warps * 32);
 }
 
@@ -417,6 +535,34 @@ void finish_blocks(const double* rows_dev, int64_t rows, int64_t per_block, doub
         "cudaMemcpy (loss blocks)");
 }
 
+// The runtime flags as template arguments: soft targets imply the sums.
+template <class T, bool... kFlags>
+void launch_ce_as(unsigned grid, int threads, const CeKernelArgs<T>& a) {
+  ce_rows_kernel<T, kFlags...><<<grid, threads>>>(a);
+}
+template <class T>
+void launch_ce(bool soft, bool cap, bool sums, bool keep, unsigned grid, int threads, const CeKernelArgs<T>& a) {
+  auto with_keep = [&](auto soft_c, auto cap_c, auto sums_c) {
+    if constexpr (!soft_c() && !std::is_same_v<T, double>) {  // the kept variants (soft and float64 rows would spill)
+      if (keep) return launch_ce_as<T, soft_c(), cap_c(), sums_c(), true>(grid, threads, a);
+    }
+    launch_ce_as<T, soft_c(), cap_c(), sums_c(), false>(grid, threads, a);
+  };
+  auto with_sums = [&](auto soft_c, auto cap_c) {
+    if constexpr (soft_c()) {
+      with_keep(soft_c, cap_c, std::true_type{});
+    } else if (sums) {
+      with_keep(soft_c, cap_c, std::true_type{});
+    } else {
+      with_keep(soft_c, cap_c, std::false_type{});
+    }
+  };
+  auto with_cap = [&](auto soft_c) {
+    cap ? with_sums(soft_c, std::true_type{}) : with_sums(soft_c, std::false_type{});
+  };
+  soft ? with_cap(std::true_type{}) : with_cap(std::false_type{});
+}
+
 template <class T>
 void ce_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
@@ -429,13 +575,9 @@ void ce_run(const CeParams& p) {
   a.p.block_loss = a.p.block_zloss = nullptr;
   const int threads = row_threads(p.classes);
   const unsigned grid = row_grid(p.rows);
-  if (p.soft) {
-    p.softcap > 0 ? ce_rows_kernel<T, true, true><<<grid, threads>>>(a)
-                  : ce_rows_kernel<T, true, false><<<grid, threads>>>(a);
-  } else {
-    p.softcap > 0 ? ce_rows_kernel<T, false, true><<<grid, threads>>>(a)
-                  : ce_rows_kernel<T, false, false><<<grid, threads>>>(a);
-  }
+  const bool keep = p.mode == CeMode::forward_backward && p.x_cstride == 1 && p.g_cstride == 1 &&
+                    p.classes * static_cast<int64_t>(sizeof(T)) <= int64_t{16} * kKeepVectors * (threads - 1);
+  launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keep, grid, threads, a);
   check_launch("ce_rows_kernel");
   if (reduced) {
     finish_blocks(a.row_loss, p.rows, p.rows_per_block, p.block_loss);

@@ -20,12 +20,19 @@ inline void check(cudaError_t status, const char* what) {
   }
 }
 
-// A device buffer of n elements of T from the stream-ordered pool, freed in stream order.
+// The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps what it frees (scratch is
+// small: a few values per row or class), so a call's allocations cost no driver mapping once warm.
+cudaMemPool_t scratch_pool();  // src/cuda/backend.cu
+
+// A device buffer of n elements of T from the scratch pool, freed in stream order.
 template <class T>
 class Scratch {
  public:
   explicit Scratch(std::size_t n) {
-    if (n > 0) check(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), nullptr), "cudaMallocAsync");
+    if (n > 0) {
+      check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), scratch_pool(), nullptr),
+            "cudaMallocFromPoolAsync");
+    }
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;

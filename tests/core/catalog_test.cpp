@@ -61,6 +61,19 @@ TEST(Catalog, NoCudaEntriesWithoutCudaKernels) {
     EXPECT_NE(e.device, Device::cuda) << lossfuse::loss_kind_name(e.kind) << " " << dname(e.dtype)
                                       << " claims a CUDA kernel";
 }
+#else
+// src/cuda/ has cross-entropy (forward, backward, fused) and NLL (forward, backward) in every float dtype, and no
+// other family (tests/cuda/cross_entropy_cuda_test.cpp runs them).
+TEST(Catalog, CudaEntriesAreCrossEntropyAndNll) {
+  int n = 0;
+  for (const OpEntry& e : lossfuse::implemented_ops()) {
+    if (e.device != Device::cuda) continue;
+    ++n;
+    EXPECT_TRUE(e.kind == LossKind::cross_entropy || (e.kind == LossKind::nll && e.direction != Direction::forward_backward))
+        << lossfuse::loss_kind_name(e.kind);
+  }
+  EXPECT_EQ(n, 4 * 3 + 4 * 2);
+}
 #endif
 
 TEST(Catalog, FixedOrder) {  // "every implemented entry, in a fixed order": two calls give the same list

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the CUDA test and bench executables on this machine for scripts/gpu_check.sh to run on a GPU machine that
+# cannot build them itself (this workplace's GPU machines have nvcc but neither Highway nor GoogleTest, and no
+# network). Output: .gpu/bin (executables, the CUDA runtime linked in statically) and .gpu/lib (the shared
+# libraries they need beyond glibc), to be carried with the working tree (.gpu/ is ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOSSFUSE_ONEDNN=OFF -DLOSSFUSE_NVCC_CHECK=OFF \
+  -DLOSSFUSE_INSTALL=OFF >/dev/null
+cmake --build build/gpu -j "$(nproc)" --target test_cross_entropy_cuda_test lossfuse_cuda_bench
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+cp build/gpu/tests/test_cross_entropy_cuda_test build/gpu/lossfuse_cuda_bench .gpu/bin/
+for lib in libhwy.so.1 libgomp.so.1; do
+  cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" .gpu/lib/
+done
+du -sh .gpu

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The one command that verifies and measures lossfuse's CUDA backend on a machine with an NVIDIA GPU.
+# Usage: scripts/gpu_check.sh OUT_DIR. Writes OUT_DIR/gpu_check.log and the CSVs cuda_bench.csv (lossfuse and the
+# device's read / copy probes) and torch_bench.csv (torch eager and compiled at the same shapes).
+# Steps: the CUDA C++ tests (every cross-entropy / NLL spec of the CPU suite on device tensors, against the float64
+# reference), compute-sanitizer memcheck and racecheck on a subset, then the benches. Executables come from .gpu/bin
+# when scripts/gpu_build.sh made them elsewhere (machines without Highway / GoogleTest), else are built here.
+# Exit status: the number of failed steps.
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+exec > >(tee "$out/gpu_check.log") 2>&1
+failed=0
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@"
+  rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+if [ -x .gpu/bin/test_cross_entropy_cuda_test ]; then
+  bin=.gpu/bin
+  export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  step build 600 bash -c 'cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOSSFUSE_ONEDNN=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null &&
+    cmake --build build/gpu -j "$(nproc)" --target test_cross_entropy_cuda_test lossfuse_cuda_bench'
+  mkdir -p build/gpu/bin && cp build/gpu/tests/test_cross_entropy_cuda_test build/gpu/lossfuse_cuda_bench build/gpu/bin/
+  bin=build/gpu/bin
+fi
+
+step "cuda tests" 300 "$bin/test_cross_entropy_cuda_test" --gtest_brief=1
+sub='Options/*f32_mean*:*Errors*:TargetDtypes/*i8*'
+step "memcheck" 240 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+  "$bin/test_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter="$sub"
+step "racecheck" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+  "$bin/test_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter='Shapes/*bf16*mean*:Soft/*bf16*'
+step "lossfuse bench" 240 "$bin/lossfuse_cuda_bench" "$out/cuda_bench.csv"
+step "torch bench" 240 python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
+echo "=== failed steps: $failed"
+exit "$failed"

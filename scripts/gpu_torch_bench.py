@@ -1,0 +1,50 @@
+"""torch's own cross-entropy on CUDA at the shapes of lossfuse_cuda_bench: eager forward, eager forward+backward and
+torch.compile forward+backward (median of timed calls, triton.testing.do_bench). Writes CSV rows in the bench's
+format (pct_of_probe left empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
+import csv
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+SHAPES = [(32, 32000, torch.float32), (128, 32000, torch.float32), (32, 50257, torch.float32),
+          (4096, 32000, torch.float32), (4096, 32000, torch.bfloat16), (8192, 32000, torch.bfloat16),
+          (8192, 128256, torch.bfloat16), (16384, 131072, torch.bfloat16), (8192, 128256, torch.float32)]
+COMPILED = {(8192, 32000, torch.bfloat16), (8192, 128256, torch.bfloat16), (16384, 131072, torch.bfloat16)}
+
+
+def fwd_bwd(x, t):
+    x.grad = None
+    F.cross_entropy(x, t).backward()
+
+
+def main(path):
+    rows = []
+    compiled_loss = torch.compile(lambda x, t: F.cross_entropy(x, t), fullgraph=True)
+
+    def compiled_step(x, t):
+        x.grad = None
+        compiled_loss(x, t).backward()
+
+    for n, c, dt in SHAPES:
+        x = (torch.rand(n, c, device="cuda", dtype=torch.float32) * 4 - 2).to(dt).requires_grad_(True)
+        t = torch.randint(0, c, (n,), device="cuda")
+        nbytes = x.numel() * x.element_size()
+        name = str(dt).removeprefix("torch.").replace("float32", "f32").replace("bfloat16", "bf16")
+        cases = [("torch_eager_forward", lambda: F.cross_entropy(x.detach(), t), nbytes),
+                 ("torch_eager_forward_backward", lambda: fwd_bwd(x, t), 2 * nbytes)]
+        if (n, c, dt) in COMPILED:
+            cases.append(("torch_compile_forward_backward", lambda: compiled_step(x, t), 2 * nbytes))
+        for mode, fn, moved in cases:
+            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+            rows.append(["cross_entropy", n, c, name, mode, f"{ms * 1e3:.1f}", moved, f"{moved / ms / 1e6:.1f}", ""])
+            print(",".join(map(str, rows[-1])), flush=True)
+        del x, t
+        torch.cuda.empty_cache()
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
