@@ -29,7 +29,7 @@ cudaMemPool_t scratch_pool() {
     props.location.id = dev;
     cudaMemPool_t pool = nullptr;
     check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-    std::uint64_t keep = UINT64_MAX;
+    std::uint64_t keep = std::uint64_t{64} << 20;  // up to 64 MiB stays mapped between calls
     check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
     pools[dev] = pool;
   }

@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/cross_entropy_params.hpp"
 #include "cuda/kernels.hpp"
@@ -210,24 +212,43 @@ constexpr int kKeepVectors = 16;
 
 // ---- block reduction ------------------------------------------------------------------------------------------
 
+// A partial row: the online log-sum-exp (m, s) and the position-dependent sums, taken relative to ref_of(m), the
+// running max (0 while only -inf has been seen), so no sum cancels against a far-off first value (a masked logit).
 template <class Acc>
 struct Part {
   Acc m, s;            // online log-sum-exp
   Acc wz, wp, wpz;     // sum w (z - ref), sum w p, sum w p (z - ref)
+  Acc sw;              // sum w over the values in wz (to move wz with ref)
   int bad;             // a NaN or +inf z was seen (set from s, or where only -inf and NaN were seen)
 };
 
 template <class Acc>
-__device__ __forceinline__ Part<Acc> combine(const Part<Acc>& a, const Part<Acc>& b) {
+__device__ __forceinline__ Acc ref_of(Acc m) {
+  return m > static_cast<Acc>(-INFINITY) ? m : Acc(0);
+}
+
+// The sums re-expressed relative to a reference d above the current one.
+template <class Acc>
+__device__ __forceinline__ void shift_sums(Part<Acc>& p, Acc d) {
+  p.wz -= d * p.sw;
+  p.wpz -= d * p.wp;
+}
+
+template <class Acc>
+__device__ __forceinline__ Part<Acc> combine(Part<Acc> a, Part<Acc> b) {
   const math::LseState<Acc> l = math::lse_combine<Acc>({a.m, a.s}, {b.m, b.s});
-  return {l.m, l.s, a.wz + b.wz, a.wp + b.wp, a.wpz + b.wpz, a.bad | b.bad};
+  const Acc r = ref_of(l.m);
+  if (a.sw != Acc(0) || a.wp != Acc(0)) shift_sums(a, r - ref_of(a.m));
+  if (b.sw != Acc(0) || b.wp != Acc(0)) shift_sums(b, r - ref_of(b.m));
+  return {l.m, l.s, a.wz + b.wz, a.wp + b.wp, a.wpz + b.wpz, a.sw + b.sw, a.bad | b.bad};
 }
 
 template <class Acc>
 __device__ __forceinline__ Part<Acc> shfl_xor(const Part<Acc>& p, int lane_mask) {
   return {__shfl_xor_sync(0xffffffffu, p.m, lane_mask),   __shfl_xor_sync(0xffffffffu, p.s, lane_mask),
           __shfl_xor_sync(0xffffffffu, p.wz, lane_mask),  __shfl_xor_sync(0xffffffffu, p.wp, lane_mask),
-          __shfl_xor_sync(0xffffffffu, p.wpz, lane_mask), __shfl_xor_sync(0xffffffffu, p.bad, lane_mask)};
+          __shfl_xor_sync(0xffffffffu, p.wpz, lane_mask), __shfl_xor_sync(0xffffffffu, p.sw, lane_mask),
+          __shfl_xor_sync(0xffffffffu, p.bad, lane_mask)};
 }
 
 constexpr int kMaxWarps = 32;
@@ -307,12 +328,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
     math::RowSums<Acc> rs{};
     bool ok = true;
     if (fwd) {
-      Acc ref = 0;  // the sums' reference: the first z when finite (any value inside the row's range serves)
-      if constexpr (kSums) {
-        const Acc z0 = xf.template apply_as<kCap>(to_acc(x[0]));
-        ref = isfinite(z0) ? z0 : Acc(0);
-      }
-      Part<Acc> part{-inf, 0, 0, 0, 0, 0};
+      Part<Acc> part{-inf, 0, 0, 0, 0, 0, 0};
       auto stats = [&](int64_t c0, const Acc* v, auto n) {
         constexpr int N = decltype(n)::value;
         Acc z[N];
@@ -323,6 +339,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
           vmax = z[k] > vmax ? z[k] : vmax;
         }
         if (vmax > part.m) {  // one rescale per run; +inf makes s NaN below, as NaN does
+          if constexpr (kSums) shift_sums(part, ref_of(vmax) - ref_of(part.m));
           part.s *= fast_exp(part.m - vmax);
           part.m = vmax;
         }
@@ -334,10 +351,14 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
           for (int k = 0; k < N; ++k) part.bad |= isnan(z[k]);  // only -inf or NaN so far
         }
         if constexpr (kSums) {
+          const Acc ref = ref_of(part.m);
 #pragma unroll
           for (int k = 0; k < N; ++k) {
             const Acc wc = w != nullptr ? w[c0 + k] : Acc(1);
-            if (need_wz) part.wz += wc * (z[k] - ref);
+            if (need_wz) {
+              part.wz += wc * (z[k] - ref);
+              part.sw += wc;
+            }
             if constexpr (kSoft) {
               const Acc pc = to_acc(pt[(c0 + k) * p.t_cstride]);
               part.wp += wc * pc;
@@ -355,7 +376,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
       resolve_target();
       part = block_combine(part);
       ok = valid && !part.bad && part.m > -inf;
-      rs.m = ref;
+      rs.m = ref_of(part.m);
       rs.top = part.m;
       rs.log_s = log(part.s);
       rs.lse = ok ? rs.top + rs.log_s : nan;
@@ -402,7 +423,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
       }
       ok = valid && !isnan(rs.lse);
       if constexpr (kSoft) {
-        Part<Acc> part{-inf, 0, 0, 0, 0, 0};
+        Part<Acc> part{-inf, 0, 0, 0, 0, 0, 0};
         for_row(pt, p.t_cstride, C, [&](int64_t c0, const Acc* v, auto n) {
 #pragma unroll
           for (int k = 0; k < decltype(n)::value; ++k) part.wp += (w != nullptr ? w[c0 + k] : Acc(1)) * v[k];
@@ -483,18 +504,19 @@ __global__ void __launch_bounds__(kMaxRowThreads) nll_backward_kernel(const CePa
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     const bool ignored = y == p.ignore_index;
+    const bool bad = !ignored && !(y >= 0 && y < p.classes);  // core refused it already: a NaN row, no wild write
     Acc v = 0;
-    if (!ignored) {
+    if (!ignored && !bad) {
       Acc gs = static_cast<Acc>(p.grad_scale);
       if (p.grad_loss != nullptr) {
         gs = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
                               p.grad_scale);
       }
-      v = (y >= 0 && y < p.classes) ? -(w != nullptr ? w[y] : Acc(1)) * gs : static_cast<Acc>(NAN);
+      v = -(w != nullptr ? w[y] : Acc(1)) * gs;
     }
     T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
     for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) {
-      g[c * p.g_cstride] = from_acc<T>(c == y ? v : Acc(0));
+      g[c * p.g_cstride] = from_acc<T>(bad ? static_cast<Acc>(NAN) : c == y ? v : Acc(0));
     }
   }
 }
@@ -511,6 +533,49 @@ int row_threads(int64_t classes) {
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+// The CUDA device a pointer's memory lives on; host or unregistered memory in a cuda view is refused (a kernel would
+// fault on it and take the context down).
+int device_of(const void* ptr, const char* name) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, ptr), "cudaPointerGetAttributes");
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+    throw Error(ErrorCode::bad_pointer, name, "CUDA device memory (the view says cuda)", "host or unregistered memory");
+  }
+  return a.device;
+}
+
+// Makes the first operand's device current for the call (restored after), once every other operand is found there:
+// TensorView names the device kind, not its index.
+class DeviceScope {
+ public:
+  DeviceScope(const CeParams& p, const char* first) {
+    dev_ = device_of(p.logits, first);
+    const std::pair<const void*, const char*> others[] = {{p.target, "target"},   {p.grad, "grad"},
+                                                          {p.loss_rows, "loss"},  {p.lse_rows, "lse"},
+                                                          {p.zloss_rows, "z_loss"}, {p.lse_in, "lse"},
+                                                          {p.grad_loss, "grad_loss"}};
+    for (const auto& [ptr, name] : others) {
+      if (ptr == nullptr) continue;
+      const int d = device_of(ptr, name);
+      if (d != dev_) {
+        throw Error(ErrorCode::invalid_value, name,
+                    "memory on CUDA device " + std::to_string(dev_) + " (the " + first + "' device)",
+                    "memory on CUDA device " + std::to_string(d));
+      }
+    }
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != dev_) check(cudaSetDevice(dev_), "cudaSetDevice");
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  ~DeviceScope() {
+    if (prev_ != dev_) (void)cudaSetDevice(prev_);
+  }
+
+ private:
+  int dev_ = 0, prev_ = 0;
+};
 
 // Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
 template <class Acc>
@@ -567,6 +632,7 @@ template <class T>
 void ce_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   if (p.rows == 0) return;
+  const DeviceScope scope(p, "logits");
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
   const bool reduced = p.block_loss != nullptr;
   const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
@@ -590,6 +656,7 @@ template <class T>
 void nll_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   if (p.rows == 0) return;
+  const DeviceScope scope(p, "input");
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
   const Acc* w = upload_weights<Acc>(p, wbuf);
   CeParams q = p;

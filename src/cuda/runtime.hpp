@@ -20,8 +20,8 @@ inline void check(cudaError_t status, const char* what) {
   }
 }
 
-// The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps what it frees (scratch is
-// small: a few values per row or class), so a call's allocations cost no driver mapping once warm.
+// The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps up to 64 MiB of what it frees
+// (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm.
 cudaMemPool_t scratch_pool();  // src/cuda/backend.cu
 
 // A device buffer of n elements of T from the scratch pool, freed in stream order.

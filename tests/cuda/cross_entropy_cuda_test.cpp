@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -117,6 +118,51 @@ TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
     ADD_FAILURE() << "an elementwise loss ran on CUDA tensors";
   } catch (const lossfuse::Error& e) {
     EXPECT_EQ(e.code(), lossfuse::ErrorCode::not_implemented) << e.what();
+  }
+}
+
+// A host pointer in a view that says cuda is refused before any kernel could fault on it.
+TEST(CrossEntropyCudaErrors, HostMemoryInACudaView) {
+  Problem p = build(base_spec(DType::f32, DType::i64));
+  Fwd f = make_outputs(p, false, false);
+  Mirror m(&kCuda);
+  TensorView logits = p.logits.view;
+  logits.device = lossfuse::Device::cuda;
+  try {
+    lossfuse::cross_entropy_forward(logits, m(p.target), p.options(), mirror_outputs(m, f, f.out));
+    ADD_FAILURE() << "host logits in a cuda view were accepted";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_EQ(e.code(), lossfuse::ErrorCode::bad_pointer) << e.what();
+    EXPECT_EQ(e.argument(), "logits");
+  }
+}
+
+// A masked class (a logit of -1e9, as masked_fill leaves it) must not spoil the label-smoothing sum of the others:
+// the sums follow the row's running max. The reference's error budget scales with the largest |z| (1e9), so this
+// checks against a tight relative bound of its own: about 2e-3 off when the sums were taken relative to x[0].
+TEST(CrossEntropyCudaNumerics, MaskedFirstClassWithLabelSmoothing) {
+  Spec s = base_spec(DType::f32, DType::i64);
+  s.shape = {8, 32000};
+  s.eps = 0.1;
+  s.edit = [](Rng&, std::int64_t R, std::int64_t C, std::vector<double>& x, std::vector<std::int64_t>& t) {
+    for (std::int64_t r = 0; r < R; ++r) {
+      x[static_cast<std::size_t>(r * C)] = -1e9;
+      if (t[static_cast<std::size_t>(r)] == 0) t[static_cast<std::size_t>(r)] = 1;
+    }
+  };
+  for (Reduction red : {Reduction::none, Reduction::sum}) {
+    s.red = red;
+    Problem p = build(s);
+    Fwd f = make_outputs(p, false, false);
+    Mirror m(&kCuda);
+    lossfuse::cross_entropy_forward(m(p.logits), m(p.target), p.options(), mirror_outputs(m, f, f.out));
+    m.download();
+    const std::vector<double> got = f.loss.values();
+    const std::vector<double> want = red == Reduction::none ? p.ref.row_loss : std::vector<double>{p.ref.loss};
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i])) << "row " << i;
+    }
   }
 }
 
