@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates the project's Python environment (.venv) with torch from PyPI and the test tools, then builds and
-# installs the lossfuse package into it against that torch (no build isolation). Idempotent; rebuilds are
+# Creates the project's Python environment (.venv) with torch from PyPI, the test tools and transformers, then
+# builds and installs the lossfuse package into it against that torch (no build isolation). Idempotent; rebuilds are
 # incremental (build/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,10 +11,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, numpy, pytest, hypothesis, expecttest, scikit_build_core" 2>/dev/null; then
+if ! "$PY" -c "import torch, numpy, pytest, hypothesis, expecttest, scikit_build_core, transformers" 2>/dev/null; then
   echo "setup_python: installing torch and the test tools from PyPI"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10"
+  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10" \
+    "transformers>=4.50"
 fi
 echo "setup_python: building the lossfuse package"
 "$PY" -m pip install -q --no-build-isolation --no-deps .

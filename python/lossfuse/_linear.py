@@ -166,7 +166,7 @@ def _reference_loss(logits, target, weight, o):
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, options=None, softcap=0.0, z_loss_scale=0.0,
                          logit_scale=1.0, return_lse=False, strategy="auto", chunk_rows=0,
-                         memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=None, grad_filter=0.0):
+                         memory_budget=DEFAULT_MEMORY_BUDGET, vocab_tile=None, grad_filter=0.0, loss_dtype=None):
     """torch.nn.functional.linear_cross_entropy without ever holding the N x V logits.
 
     input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
@@ -184,9 +184,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     gradient, else 0. grad_filter (with vocab_tile,
     off at 0): in backward, a (row, tile) whose largest probability is below it keeps only its target and
     smoothing terms (error bound in include/lossfuse/linear_cross_entropy.hpp).
-    lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. `options` (torch's
-    LinearCrossEntropyOptions) is accepted and ignored: lossfuse always chunks. Probability targets and
-    multi-dimensional weights fall back to cross_entropy on the full logits, with a warning.
+    lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. loss_dtype: the loss's
+    dtype (None: input's, as torch; torch.float32 for 16-bit input returns the float32 accumulation unrounded).
+    `options` (torch's LinearCrossEntropyOptions) is accepted and ignored: lossfuse always chunks. Probability
+    targets and multi-dimensional weights fall back to cross_entropy on the full logits, with a warning.
     """
     del options
     red = reduction_code(reduction)
@@ -227,9 +228,12 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         logits = torch.nn.functional.linear(input, linear_weight.reshape(-1, hidden),
                                             None if linear_bias is None else linear_bias.reshape(-1))
         logits = logits.reshape(*input.shape[:-1], classes, *out)
-        return cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
-                             label_smoothing=label_smoothing, softcap=softcap, z_loss_scale=z_loss_scale,
-                             logit_scale=logit_scale, return_lse=return_lse)
+        out = cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                            label_smoothing=label_smoothing, softcap=softcap, z_loss_scale=z_loss_scale,
+                            logit_scale=logit_scale, return_lse=return_lse)
+        if loss_dtype is None:
+            return out
+        return (out[0].to(loss_dtype), out[1]) if return_lse else out.to(loss_dtype)
     if strategy not in ("auto", "chunked", "recompute"):
         raise ValueError(f"strategy: expected 'auto', 'chunked' or 'recompute', got {strategy!r}")
     check_class_weight_dtype("linear_cross_entropy", weight, input)  # as torch's cross_entropy of the logits
@@ -255,7 +259,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         mask)
     if red == 0:
         loss = loss.reshape(lead)
-    loss = loss if loss.dtype == input.dtype or autocasting else loss.to(input.dtype)
+    out_dtype = loss.dtype if autocasting and loss_dtype is None else (loss_dtype or input.dtype)
+    loss = loss if loss.dtype == out_dtype else loss.to(out_dtype)
     if not return_lse:
         return loss
     # the op saves lse in float64 (lse_dtype); returned in acc_dtype, as cross_entropy's

@@ -318,6 +318,24 @@ def test_16bit_error_not_above_torch():
     assert (ours.double() - exact).abs() <= (theirs.double() - exact).abs() + half_ulp
 
 
+@pytest.mark.parametrize("strategy", ["chunked", "recompute"])
+def test_float32_loss_of_16bit_input(strategy):
+    """loss_dtype=float32: the float32 accumulation unrounded (the default rounds it to bf16: that rounding, no
+    further from the float64 reference), gradients as the default's."""
+    x, w, b, t = make(64, 64, 2000, torch.bfloat16, seed=9)
+    exact = reference(x, w, b, t, "sum")
+    x.requires_grad_()
+    wide = LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction="sum", strategy=strategy,
+                                   loss_dtype=torch.float32)
+    narrow = LF.linear_cross_entropy(x, w, t, linear_bias=b, reduction="sum", strategy=strategy)
+    assert wide.dtype == torch.float32 and narrow.dtype == torch.bfloat16
+    assert narrow.item() == wide.to(torch.bfloat16).item() != wide.item()
+    assert abs(wide.item() - exact.item()) <= abs(narrow.item() - exact.item())
+    (gw,) = torch.autograd.grad(wide, x)
+    (gn,) = torch.autograd.grad(narrow, x)
+    torch.testing.assert_close(gw, gn, rtol=0, atol=0)
+
+
 def test_bad_input():
     x, w, b, t = make(6, 5, 9, torch.float32, seed=10)
     with pytest.raises(RuntimeError, match="linear_weight"):

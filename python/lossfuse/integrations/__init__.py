@@ -1,0 +1,1 @@
+"""lossfuse inside other libraries' models: `lossfuse.integrations.transformers` (Hugging Face causal LMs)."""
