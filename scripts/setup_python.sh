@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Creates the project's Python environment (.venv) with torch from PyPI, the test tools and transformers, then
-# builds and installs the lossfuse package into it against that torch (no build isolation). Idempotent; rebuilds are
-# incremental (build/python).
+# Creates the project's Python environment (.venv) with torch from PyPI, the test tools, transformers and matplotlib,
+# then builds and installs the lossfuse package into it against that torch (no build isolation). Idempotent;
+# rebuilds are incremental (build/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,11 +11,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, numpy, pytest, hypothesis, expecttest, scikit_build_core, transformers" 2>/dev/null; then
-  echo "setup_python: installing torch and the test tools from PyPI"
+NEEDED="torch, numpy, pytest, hypothesis, expecttest, scikit_build_core, transformers, matplotlib"
+if ! "$PY" -c "import $NEEDED" 2>/dev/null; then
+  echo "setup_python: installing torch, the test tools, transformers and matplotlib from PyPI"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10" \
-    "transformers>=4.50"
+    "transformers>=4.50" matplotlib
 fi
 echo "setup_python: building the lossfuse package"
 "$PY" -m pip install -q --no-build-isolation --no-deps .

@@ -10,9 +10,11 @@
 //   lossfuse bench-linear [options]
 //                              runs python/bench/linear_bench.py (lossfuse's fused linear_cross_entropy against
 //                              PyTorch's linear_cross_entropy, the unfused path and the GEMMs alone) the same way.
+//   lossfuse plot CSV... [--out DIR]
+//                              runs python/bench/plot.py: PNG charts and a leaderboard from the bench commands' CSV.
 //
-// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch and
-// bench-linear return the script's status (127 when it cannot be started).
+// Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch,
+// bench-linear and plot return the script's status (127 when it cannot be started).
 #include <unistd.h>
 
 #include <cerrno>
@@ -96,6 +98,8 @@ void print_usage(std::ostream& os) {
         "  bench-linear time lossfuse's fused linear_cross_entropy against PyTorch's, the unfused\n"
         "               cross_entropy(x @ W.T + b) and the three GEMMs alone, with peak memory\n"
         "               (runs python/bench/linear_bench.py the same way)\n"
+        "  plot         PNG charts and a cross-entropy leaderboard from the bench commands' --csv files\n"
+        "               (runs python/bench/plot.py the same way; needs matplotlib)\n"
         "  catalog      list which (loss, dtype, device, direction) this build implements (--csv, --markdown:\n"
         "               the README's support table)\n"
         "  help         this help (also -h, --help)\n"
@@ -287,6 +291,10 @@ int bench_linear_command(std::span<const std::string_view> args) {
   return run_python_script("bench-linear", "linear_bench.py", args);
 }
 
+int plot_command(std::span<const std::string_view> args) {
+  return run_python_script("plot", "plot.py", args);
+}
+
 int catalog_command(std::span<const std::string_view> args) {
   lossfuse::CatalogFormat format = lossfuse::CatalogFormat::lines;
   for (const std::string_view a : args) {
@@ -316,6 +324,7 @@ constexpr Command kCommands[] = {
     {"bench", bench_command},
     {"bench-torch", bench_torch_command},
     {"bench-linear", bench_linear_command},
+    {"plot", plot_command},
     {"catalog", catalog_command},
 };
 

@@ -278,3 +278,23 @@ def test_refusals_name_what_differs():
         model(input_ids=ids, labels=labels, return_logits="yes")
     with pytest.raises(IndexError):
         model(input_ids=ids, labels=torch.full_like(labels, V))
+
+
+def test_finetune_example_runs_and_its_two_curves_coincide(tmp_path):
+    """examples/python/finetune_llama.py at a toy size: both variants train, from the same start to the same losses."""
+    import csv
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).parents[2] / "examples" / "python" / "finetune_llama.py"
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, str(script), "--steps", "6", "--warmup", "1", "--vocab", "3000", "--hidden", "64",
+                    "--layers", "1", "--seq", "32", "--lr", "1e-2", "--out", str(out)], check=True,
+                   capture_output=True)
+    with open(f"{out}.csv") as f:
+        rows = list(csv.DictReader(f))
+    curves = {v: [float(r["loss"]) for r in rows if r["variant"] == v] for v in ("transformers", "lossfuse")}
+    assert len(curves["lossfuse"]) == len(curves["transformers"]) == 6
+    assert curves["lossfuse"] == pytest.approx(curves["transformers"], rel=1e-5)
+    assert curves["lossfuse"][-1] < curves["lossfuse"][0]  # it trains
+    assert "step peak memory" in (tmp_path / "run.md").read_text()
