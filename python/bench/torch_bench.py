@@ -26,6 +26,8 @@ Timing: before timing, each contender's loss (and sampled gradient rows) are che
 each runs once more to warm up. Timed calls are interleaved rep by rep, and the order rotates each rep
 (A,B,C, B,C,A, C,A,B, ...), so machine noise and cache state fall on all contenders alike. Reported: the median
 per contender and lossfuse's speedup over each torch contender (ratio of medians from the same run).
+--neighbours then times lossfuse's call alone and with each other contender called between its calls
+(time_neighbours), with its page faults per call: what a neighbouring workload costs it.
 
 Peak memory: each (contender, shape, dtype, mode) runs in a fresh subprocess. It allocates the inputs and runs
 the call once (a warm-up; compilation for compile); then twice: before each call it returns freed heap memory to
@@ -61,6 +63,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -148,6 +151,8 @@ def parse_args(argv):
     p.add_argument("--inplace", action="store_true",
                    help="also time lossfuse's cross_entropy(inplace=True) (fwdbwd), on fresh logits each call")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--neighbours", action="store_true",
+                   help="also time lossfuse alone and with each other contender called between its calls")
     p.add_argument("--csv", metavar="PATH", help="also write the results as CSV, one row per contender")
     p.add_argument("--installed", action="store_true",
                    help="use the installed lossfuse package instead of the source tree's python/lossfuse")
@@ -395,6 +400,8 @@ def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log
     samples = time_config(torch, calls, args)
     for c, s in samples.items():
         results[c].update(reps=len(s), median_ms=statistics.median(s) * 1e3, min_ms=min(s) * 1e3)
+    if args.neighbours and "lossfuse" in calls and len(calls) > 1:
+        print_neighbours(f"{n}x{v} {dtype_name} {mode}", time_neighbours(calls))
     del calls, fns, x
     gc.collect()
 
@@ -415,6 +422,34 @@ def bench_config(torch, torch_ce, lossfuse_ce, n, v, dtype_name, mode, args, log
         t = results[c].get("median_ms")
         results[c]["lossfuse_speedup"] = t / lf if (lf and t) else None
     return [results[c] for c in names]
+
+
+def time_neighbours(calls, blocks=6, reps=6):
+    """lossfuse's call alone and with each other contender (then all of them) called between its calls: its seconds
+    and minor page faults per call by arrangement. The arrangements take turns in blocks of reps calls, so that the
+    machine's drift falls on each alike."""
+    others = [c for c in calls if c != "lossfuse"]
+    arrangements = {"alone": [], **{f"+{c}": [c] for c in others}}
+    if len(others) > 1:
+        arrangements["+" + "+".join(others)] = others
+    seen = {a: ([], []) for a in arrangements}
+    for _ in range(blocks):
+        for a, between in arrangements.items():
+            for _ in range(reps):
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                t0 = time.perf_counter()
+                run_call(calls["lossfuse"])
+                seen[a][0].append(time.perf_counter() - t0)
+                seen[a][1].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+                for c in between:
+                    run_call(calls[c])
+    return seen
+
+
+def print_neighbours(config, seen):
+    parts = [f"{a} {statistics.median(t) * 1e3:.2f} ms ({statistics.median(f):.0f} faults)"
+             for a, (t, f) in seen.items()]
+    print(f"neighbours {config}: lossfuse's median call {', '.join(parts)}", flush=True)
 
 
 def contender_names(args, mode=None):

@@ -14,7 +14,7 @@ def test_torch_bench_runs_with_the_inplace_contender():
     every contender's loss and sampled gradient rows against torch eager's and exits 0 only if they agree; the
     in-place contender appears in fwdbwd only, and its peak memory is reported."""
     p = subprocess.run([sys.executable, SCRIPT, "--installed", "--shapes", "16x2000", "--reps", "2", "--no-compile",
-                        "--inplace", "--dtypes", "f32"], capture_output=True, text=True, timeout=600)
+                        "--inplace", "--dtypes", "f32", "--neighbours"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines() if line.startswith("16x2000")]
     assert len(rows) == 2, p.stdout
@@ -24,6 +24,10 @@ def test_torch_bench_runs_with_the_inplace_contender():
         inplace_ms = row[5]
         assert (inplace_ms == "-") == (row[2] == "fwd"), row
     assert "FAIL" not in p.stdout
+    # --neighbours: lossfuse alone, then with each other contender between its calls, then with both
+    neighbours = [line for line in p.stdout.splitlines() if line.startswith("neighbours 16x2000 f32")]
+    assert len(neighbours) == 2, p.stdout
+    assert "alone" in neighbours[1] and "+eager" in neighbours[1] and "+eager+inplace" in neighbours[1], neighbours
 
 
 def test_plot_makes_charts_and_the_leaderboard_from_each_bench_csv(tmp_path):
