@@ -104,6 +104,9 @@ def train(args):
         opt.zero_grad(set_to_none=False)  # gradients stay resident: the step peak is what the step adds
         seconds = time.perf_counter() - start
         rows.append(dict(step=step, loss=loss.item(), seconds=seconds, peak_bytes=sampler.peak - before))
+        if step % 10 == 9 or step + 1 == args.steps:
+            print(f"{args.variant}: step {step + 1}/{args.steps}, loss {rows[-1]['loss']:.4f}, {seconds:.2f} s",
+                  file=sys.stderr, flush=True)
     sampler.running = False
     params = sum(p.numel() for p in model.parameters())
     return dict(variant=args.variant, params=params, threads=torch.get_num_threads(), torch=torch.__version__,
@@ -113,7 +116,7 @@ def train(args):
 def run_variant(args, variant):
     cmd = [sys.executable, __file__, "--variant", variant] + [
         f"--{k}={v}" for k, v in vars(args).items() if k not in ("variant", "out") and v is not None]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)  # progress: stderr, passed through
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -106,9 +106,11 @@ def test_the_logits_are_never_made_in_training(name):
     assert shapes == [(B, 0, V)]
 
 
-def test_num_items_in_batch_gradient_accumulation():
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Gemma2ForCausalLM",
+                                  "GPT2LMHeadModel"])
+def test_num_items_in_batch_gradient_accumulation(name):
     """Two micro-batches summed over the tokens of both, as transformers' Trainer does."""
-    model = tiny("LlamaForCausalLM")
+    model = tiny(name)
     micro = [batch(seed) for seed in (1, 2)]
     items = sum(int((lab[:, 1:] != -100).sum()) for _, _, lab in micro)
 
