@@ -152,3 +152,14 @@ class CeOptions(typing.NamedTuple):
     logit_scale: float
     softcap: float
     z_loss_scale: float
+
+
+def broadcast_shape(fn_name, **operands):
+    """The shape the operands (tensors or shapes) broadcast to, or torch's RuntimeError naming them and their
+    shapes (torch's own message names only positions)."""
+    shapes = {name: v.shape if isinstance(v, torch.Tensor) else torch.Size(v) for name, v in operands.items()}
+    try:
+        return torch.broadcast_shapes(*shapes.values())
+    except RuntimeError:
+        listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in shapes.items())
+        raise RuntimeError(f"{fn_name}: the sizes of {listed} do not broadcast to one shape") from None

@@ -400,11 +400,14 @@ def _no_internal_overlap(t):
 
 
 def _check_tensors(name, input, target):
-    """torch's TypeError for non-tensors, and its NotImplementedError for logits that are not floating."""
+    """torch's TypeError for non-tensors, its NotImplementedError for logits that are not floating, and an
+    ArgumentError (a ValueError, as nll_loss's, and a RuntimeError, as cross_entropy's) for 0-d logits."""
     check_tensors(name, ("input", input), ("target", target))
     if not input.is_floating_point():
         raise NotImplementedError(f"lossfuse: {name}: input: expected float32, float64, float16 or bfloat16 "
                                   f"logits, got {input.dtype}")
+    if input.dim() == 0:
+        raise ArgumentError(f"lossfuse: {name}: input: expected 1 or more dims (the classes), got a 0-d tensor")
     return input, target
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as _tnn
 from torch.nn import _reduction as _torch_reduction
 
-from ._args import autocast_float32, check_optional_tensors, check_tensors, finite, reduction_code
+from ._args import autocast_float32, broadcast_shape, check_optional_tensors, check_tensors, finite, reduction_code
 from ._protocol import overridable
 from ._register import ops, register_loss, register_loss_fakes, same_shape
 
@@ -98,15 +98,6 @@ def _check_broadcasts_to(fn_name, arg_name, t, shape):
     if not ok:
         raise RuntimeError(f"{fn_name}: {arg_name}: expected a shape that broadcasts to the input's {tuple(shape)}, "
                            f"got {tuple(t.shape)}")
-
-
-def _broadcast_shape(fn_name, **operands):
-    """The shape the operands broadcast to, or torch's RuntimeError naming them and their shapes."""
-    try:
-        return torch.broadcast_shapes(*[t.shape for t in operands.values()])
-    except RuntimeError:
-        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in operands.items())
-        raise RuntimeError(f"{fn_name}: the sizes of {shapes} do not broadcast to one shape") from None
 
 
 def _promote(*tensors):
@@ -238,7 +229,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
         # Integer or bool operands, or an eps the kernels do not take: torch's own computation.
         return _poisson_formula(input, target, log_input, full, eps, red)
     dtype = _promote(input, target)
-    shape = _broadcast_shape("poisson_nll_loss", input=input, target=target)
+    shape = broadcast_shape("poisson_nll_loss", input=input, target=target)
     kd = _sum_broadcast_grads_in_float32(_kernel_dtype(dtype, (input, target)), (input, target), shape)
     x, t = _prepare((input, target), kd, shape)
     (x, t), shape = _fit_dims([x, t])
@@ -286,7 +277,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
             raise ValueError("var has negative entry/entries")
         return _gaussian_formula(input, target, var, full, eps, red)
     dtype = _promote(input, target, var)
-    shape = _broadcast_shape("gaussian_nll_loss", input=input, target=target, var=var)
+    shape = broadcast_shape("gaussian_nll_loss", input=input, target=target, var=var)
     kd = _sum_broadcast_grads_in_float32(_kernel_dtype(dtype, operands), operands, shape)
     x, t, v = _prepare(operands, kd, shape)
     (x, t, v), shape = _fit_dims([x, t, v])

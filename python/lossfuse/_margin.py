@@ -17,8 +17,8 @@ that broadcast beyond (C) or need a gradient.
 import torch
 import torch.nn as _tnn
 
-from ._args import (autocast_float32, check_class_weight_dtype, check_optional_tensors, check_tensors, finite, infinite,
-                    reduction_code, sign_target)
+from ._args import (autocast_float32, broadcast_shape, check_class_weight_dtype, check_optional_tensors,
+                    check_tensors, finite, infinite, reduction_code, sign_target)
 from ._protocol import overridable
 from ._register import ops, register_loss, register_loss_fakes, row_dims
 
@@ -201,7 +201,8 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
                 "subtraction, which torch does not support for bool")
         d = _floating(torch.promote_types(x.dtype, y.dtype))
         dtype = d if dtype is None else torch.promote_types(dtype, d)
-    a, pos, neg = torch.broadcast_tensors(*[t.to(dtype) for t in operands])
+    shape = broadcast_shape("triplet_margin_loss", anchor=anchor, positive=positive, negative=negative)
+    a, pos, neg = [t.to(dtype).expand(shape) for t in operands]
     # torch takes each distance over its own pair's last dim: where both operands of a pair have a last dim of 1
     # and the third a longer one, that pair's distance is over one element, not over the expanded copies.
     D = a.shape[-1] if a.dim() else 1
@@ -239,8 +240,10 @@ def cosine_embedding_loss(input1, input2, target, margin=0, size_average=None, r
             f"{tuple(input1.shape)} and {tuple(input2.shape)}")
     dtype = _floating(torch.promote_types(input1.dtype, input2.dtype))
     # torch broadcasts x1 with x2, then the per-row result with the target.
-    rows = torch.broadcast_shapes(input1.shape[:-1], input2.shape[:-1], target.shape)
-    shape = rows + torch.broadcast_shapes(input1.shape[-1:], input2.shape[-1:])
+    rows = broadcast_shape("cosine_embedding_loss", **{"input1's rows": input1.shape[:-1],
+                                                       "input2's rows": input2.shape[:-1], "target": target})
+    shape = rows + broadcast_shape("cosine_embedding_loss", **{"input1's features": input1.shape[-1:],
+                                                               "input2's features": input2.shape[-1:]})
     t = sign_target(target.detach(), dtype).expand(rows)
     # torch sums each squared norm over its own input's last dim: where x1's and x2's last dims differ (one is 1),
     # expanding it would count that input's norm repeatedly.
@@ -323,7 +326,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     if target.dtype == torch.bool:
         raise NotImplementedError("multilabel_soft_margin_loss: target: torch computes 1 - target, a subtraction "
                                   "it does not support for a bool tensor; pass a float target")
-    shape = torch.broadcast_shapes(input.shape, target.shape)
+    shape = broadcast_shape("multilabel_soft_margin_loss", input=input, target=target)
     if input.dim() == 0:
         raise IndexError("multilabel_soft_margin_loss: input: expected at least one dim (the classes, the last "
                          "dim), got a 0-d tensor")
@@ -333,7 +336,8 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     # torch sums the loss over the input's last dim and divides by its size: the kernels' sum and C only where
     # that is the broadcast shape's last dim, of the same size.
     fits = (len(shape) == input.dim() and shape[-1] == input.shape[-1]
-            and (weight is None or (weight.dim() <= 1 and torch.broadcast_shapes(shape, weight.shape) == shape
+            and (weight is None or (weight.dim() <= 1 and broadcast_shape("multilabel_soft_margin_loss", **{
+                "input and target": shape, "weight": weight}) == shape
                                     and not (weight.requires_grad and torch.is_grad_enabled()))))
     if dtype not in _KERNEL_DTYPES or not fits:
         return _by_formula(_multilabel_soft_margin_formula, (input.to(dtype), target.to(dtype), weight), (red,), dtype)

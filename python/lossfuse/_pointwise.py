@@ -14,8 +14,8 @@ import warnings
 import torch
 import torch.nn as _tnn
 
-from ._args import (autocast_float32, autocast_reads_16bit, check_optional_tensors, check_tensors, finite, infinite,
-                    reduction_code, sign_target)
+from ._args import (autocast_float32, autocast_reads_16bit, broadcast_shape, check_optional_tensors, check_tensors,
+                    finite, infinite, reduction_code, sign_target)
 from ._protocol import overridable
 from ._register import ops, register_loss, register_loss_fakes, same_shape
 
@@ -166,9 +166,11 @@ def _floating_input_type(name, input):
     return input.dtype
 
 
-def _prepare(tensors, dtype):
-    """Operands cast to `dtype` and broadcast to one shape (expanded views; torch's error when they cannot be)."""
-    return list(torch.broadcast_tensors(*[t.to(dtype) for t in tensors]))
+def _prepare(name, tensors, dtype, names=("input", "target")):
+    """Operands cast to `dtype` and broadcast to one shape (expanded views); torch's RuntimeError naming them and
+    their shapes when they cannot be."""
+    shape = broadcast_shape(name, **dict(zip(names, tensors)))
+    return [t.to(dtype).expand(shape) for t in tensors]
 
 
 def _fit_dims(tensors):
@@ -207,8 +209,8 @@ def _weighted_loss(name, dtype, input, target, weight, red, extra, mean_by_weigh
     op = getattr(_ops, name)
     if weight is not None:
         _check_weight(weight, input)
-        dtype = _weight_dtype(dtype, weight, len(torch.broadcast_shapes(input.shape, target.shape)))
-    x, t = _prepare((input, target), dtype)
+        dtype = _weight_dtype(dtype, weight, len(broadcast_shape(name, input=input, target=target)))
+    x, t = _prepare(name, (input, target), dtype)
     w = None if weight is None else weight.to(dtype).expand(x.shape)
     # torch divides a weighted mean by the sum of the weight as given. Where the target broadcasts the input (and
     # so the weight) to a larger shape, the kernel sums the expanded weight, in which each element appears
@@ -301,7 +303,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     dtype = _floating_result_type("smooth_l1_loss", input, target)
     if not beta >= 0:
         raise RuntimeError(f"smooth_l1_loss does not support negative values for beta (beta = {beta}).")
-    x, t = _prepare((input, target), dtype)
+    x, t = _prepare("smooth_l1_loss", (input, target), dtype)
     if infinite(beta):  # the loss is 0; the kernels take finite betas
         return _smooth_l1_formula(x, t, red, beta)
     (x, t), shape = _fit_dims([x, t])
@@ -336,7 +338,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     if infinite(delta):  # 0.5 d^2 everywhere; the kernels take finite deltas
         if weight is not None:
             _check_weight(weight, input)
-        x, t = _prepare((input, target), compute)
+        x, t = _prepare("huber_loss", (input, target), compute)
         w = None if weight is None else weight.expand(x.shape)
         loss = _huber_formula(x, t, w, red, delta)
         return loss if loss.dtype == out else loss.to(out)
@@ -367,7 +369,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
         kind = "Complex" if input.is_complex() or target.is_complex() else "Integral"
         raise RuntimeError(f"kl_div: {kind} inputs not supported (input: {input.dtype}, target: {target.dtype}).")
     dtype = _result_type(input, target)
-    x, t = _prepare((input, target), dtype)
+    x, t = _prepare("kl_div", (input, target), dtype)
     # The kernels' batchmean divides by the operands' size(0); torch's by the input's, which differs where the
     # target broadcasts the input.
     native = batchmean and not legacy and x.shape == input.shape
@@ -388,7 +390,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     dtype = _floating_input_type("hinge_embedding_loss", input)
     margin = float(margin)
     # torch compares the target with 1 and -1 in its own dtype (a float64 1 + 1e-12 is no 1 for float32 input)
-    x, t = _prepare((input, sign_target(target.detach(), dtype)), dtype)
+    x, t = _prepare("hinge_embedding_loss", (input, sign_target(target.detach(), dtype)), dtype)
     if not finite(margin):  # the kernels take finite margins
         return _hinge_formula(x, t, margin, red)
     (x, t), shape = _fit_dims([x, t])
@@ -424,7 +426,7 @@ def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, red
         # torch negates an integer target in its own dtype, wrapping (a uint8 1 gives 255): the same multiplier
         target = -((-target).to(dtype))
     margin = float(margin)
-    x1, x2, t = _prepare((input1, input2, target), dtype)
+    x1, x2, t = _prepare("margin_ranking_loss", (input1, input2, target), dtype, ("input1", "input2", "target"))
     if not finite(margin):  # the kernels take finite margins
         return _margin_ranking_formula(x1, x2, t, margin, red)
     (x1, x2, t), shape = _fit_dims([x1, x2, t])
