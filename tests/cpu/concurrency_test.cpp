@@ -162,7 +162,9 @@ std::vector<Job> jobs() {
   };
 }
 
-TEST(Concurrency, EveryFamilyFromSeveralThreadsGivesTheBytesOfACallAlone) {
+// Each job once alone, then from kThreads threads at once, kRounds each (each thread in its own order); every
+// result must equal the lone call's bytes.
+void expect_concurrent_calls_as_alone() {
   const std::vector<Job> all = jobs();
   std::vector<std::vector<std::uint8_t>> alone;
   for (const Job& j : all) alone.push_back(j.run());
@@ -173,7 +175,7 @@ TEST(Concurrency, EveryFamilyFromSeveralThreadsGivesTheBytesOfACallAlone) {
     threads.emplace_back([&, th] {
       for (int round = 0; round < kRounds; ++round) {
         for (std::size_t k = 0; k < all.size(); ++k) {
-          const std::size_t j = (k + th + round) % all.size();  // each thread in its own order
+          const std::size_t j = (k + th + round) % all.size();
           try {
             if (all[j].run() != alone[j]) mismatches[th].push_back(all[j].name + " differs");
           } catch (const std::exception& e) {
@@ -187,6 +189,28 @@ TEST(Concurrency, EveryFamilyFromSeveralThreadsGivesTheBytesOfACallAlone) {
   for (int th = 0; th < kThreads; ++th) {
     for (const std::string& m : mismatches[th]) ADD_FAILURE() << "thread " << th << ": " << m;
   }
+}
+
+TEST(Concurrency, EveryFamilyFromSeveralThreadsGivesTheBytesOfACallAlone) { expect_concurrent_calls_as_alone(); }
+
+// A parallel_for hook on std::threads (up to three ranges, the caller running the first), as a host framework's pool
+// would be: the kernels' own splitting then runs on threads that ThreadSanitizer sees (scripts/tsan.sh builds
+// without OpenMP), and each caller's work fans out while the other callers' does.
+void thread_hook(std::int64_t begin, std::int64_t end, std::int64_t grain, lossfuse::ParallelBody body, void* ctx) {
+  const std::int64_t n = end - begin;
+  const std::int64_t parts = std::max<std::int64_t>(1, std::min<std::int64_t>(3, n / std::max<std::int64_t>(grain, 1)));
+  std::vector<std::thread> helpers;
+  for (std::int64_t k = 1; k < parts; ++k) {
+    helpers.emplace_back(body, ctx, begin + n * k / parts, begin + n * (k + 1) / parts);
+  }
+  body(ctx, begin, begin + n / parts);
+  for (std::thread& t : helpers) t.join();
+}
+
+TEST(Concurrency, TheSameOnAStdThreadParallelForHook) {
+  lossfuse::set_parallel_for_hook(thread_hook);
+  expect_concurrent_calls_as_alone();
+  lossfuse::set_parallel_for_hook(nullptr);
 }
 
 }  // namespace
