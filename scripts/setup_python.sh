@@ -16,7 +16,7 @@ if ! "$PY" -c "import $NEEDED" 2>/dev/null; then
   echo "setup_python: installing torch, the test tools, transformers and matplotlib from PyPI"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10" \
-    "transformers>=4.50" matplotlib
+    "transformers>=4.51" matplotlib
 fi
 echo "setup_python: building the lossfuse package"
 "$PY" -m pip install -q --no-build-isolation --no-deps .

@@ -118,7 +118,8 @@ def save(fig, out, name):
     path = os.path.join(out, name)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    fig.clear()
+    import matplotlib.pyplot as plt
+    plt.close(fig)
     return path
 
 

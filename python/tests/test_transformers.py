@@ -137,9 +137,9 @@ def test_num_items_in_batch_gradient_accumulation(name):
 
 def test_shift_labels_and_ignore_index_are_the_models():
     model = tiny("Qwen2ForCausalLM")
-    ids, mask, labels = batch()
-    labels[labels == -100] = 7
-    shift = torch.nn.functional.pad(labels, (0, 1), value=7)[:, 1:].contiguous()
+    # targets unrelated to the labels' shift (ignored at 7): a forward that shifted the labels would differ
+    shift = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(5))
+    shift[0, :4] = 7
     (ref, ref_grads), (got, grads) = compare(model, shift_labels=shift, ignore_index=7)
     torch.testing.assert_close(got.loss, ref.loss, rtol=2e-6, atol=0)
     assert_grads_close(ref_grads, grads, rtol=1e-4, atol=1e-6)
@@ -202,15 +202,20 @@ def test_logits_in_eval_and_when_asked():
     assert model(input_ids=ids, logits_to_keep=1).logits.shape == (B, 1, V)
 
 
-def test_tuple_output_has_the_loss_first():
+def test_tuple_output_has_the_loss_first_and_keeps_its_positions():
     model = tiny("MistralForCausalLM")
     ids, mask, labels = batch()
-    ref = model(input_ids=ids, labels=labels, return_dict=False, use_cache=False)
+    ref = model(input_ids=ids, labels=labels, return_dict=False, use_cache=False, output_hidden_states=True)
     lft.apply(model, return_logits=True)
-    got = model(input_ids=ids, labels=labels, return_dict=False, use_cache=False)
+    got = model(input_ids=ids, labels=labels, return_dict=False, use_cache=False, output_hidden_states=True)
     assert isinstance(got, tuple) and len(got) == len(ref)
     torch.testing.assert_close(got[0], ref[0], rtol=2e-6, atol=0)
     torch.testing.assert_close(got[1], ref[1], rtol=0, atol=0)
+    lft.apply(model)  # training: no logits made, an empty tensor in their slot
+    got = model(input_ids=ids, labels=labels, return_dict=False, use_cache=False, output_hidden_states=True)
+    assert len(got) == len(ref) and got[1].shape == (B, 0, V)
+    torch.testing.assert_close(got[0], ref[0], rtol=2e-6, atol=0)
+    torch.testing.assert_close(got[2][-1], ref[2][-1], rtol=0, atol=0)  # the hidden states where they were
 
 
 def test_class_level_apply_and_unapply():
@@ -261,6 +266,17 @@ def test_refusals_name_what_differs():
 
     lft.apply(Plain)  # a subclass that keeps the forward is served
     lft.unapply(Plain)
+    assert "forward" not in vars(Plain)  # inherited again, so it can be applied again
+    lft.apply(Plain)
+    lft.unapply(Plain)
+
+    model = lft.apply(tiny("LlamaForCausalLM"))
+    model.loss_function = lambda *a, **k: 0
+    with pytest.raises(ValueError, match="ForCausalLMLoss"):
+        lft.apply(model, return_logits=True)
+    assert lft.is_applied(model)  # a refused re-apply keeps the earlier patch
+    with pytest.raises(ValueError, match="return_logits"):
+        lft.apply(tiny("LlamaForCausalLM"), return_logits=0)
 
     model = tiny("LlamaForCausalLM")
     model.loss_function = lambda *a, **k: 0

@@ -208,9 +208,11 @@ void thread_hook(std::int64_t begin, std::int64_t end, std::int64_t grain, lossf
 }
 
 TEST(Concurrency, TheSameOnAStdThreadParallelForHook) {
-  lossfuse::set_parallel_for_hook(thread_hook);
+  struct Installed {  // the default hook again however the test ends
+    Installed() { lossfuse::set_parallel_for_hook(thread_hook); }
+    ~Installed() { lossfuse::set_parallel_for_hook(nullptr); }
+  } installed;
   expect_concurrent_calls_as_alone();
-  lossfuse::set_parallel_for_hook(nullptr);
 }
 
 }  // namespace

@@ -10,8 +10,9 @@ With labels, the patched forward runs the model's own forward without them, catc
 transformers' ForCausalLMLoss of it: the label shift (or `shift_labels`), `ignore_index` (-100), the mean over
 unignored tokens or the sum over `num_items_in_batch`, the family's logit transform (Gemma-2/3 softcapping, Cohere's
 logit_scale, Granite's logits_scaling), tied embeddings and a head bias, autocast; the loss is float32 as
-transformers' is. Logits: None in training (`model.training`) when labels are given, computed otherwise
-(return_logits=True / False at apply or per call overrides). Without labels the forward is the model's own.
+transformers' is. Logits: None in training (`model.training`) when labels are given (in a tuple output an empty
+(..., 0, V) tensor, so the positions hold), computed otherwise (return_logits=True / False at apply or per call
+overrides). Without labels the forward is the model's own.
 The families served are FAMILIES' keys; anything else (another class, a subclass that overrides forward, a head that
 is not a Linear over config.vocab_size, a model.loss_function other than ForCausalLMLoss, tensors off the CPU) is
 refused with an error naming what differs. Proven by python/tests/test_transformers.py (loss and every parameter's
@@ -55,6 +56,10 @@ FAMILIES = {
 _MODES = ("auto", True, False)
 
 
+def _valid_mode(mode):
+    return mode is True or mode is False or mode == "auto"
+
+
 def _family_class(cls):
     """The transformers class in cls's MRO that FAMILIES serves, provided no class below it overrides forward."""
     for base in cls.__mro__:
@@ -91,9 +96,10 @@ def _check(model, hidden=None):
     if loss_function is not ForCausalLMLoss:
         raise ValueError(f"lossfuse: model.loss_function: expected transformers' ForCausalLMLoss, got "
                          f"{getattr(loss_function, '__name__', loss_function)!r}")
-    if hidden is not None and hidden.device.type != "cpu":
+    device = hidden.device if hidden is not None else head.weight.device
+    if device.type != "cpu":
         raise NotImplementedError(f"lossfuse: model: the Python package computes CPU tensors; this model runs on "
-                                  f"{hidden.device} (lossfuse.integrations.transformers.unapply(model) restores "
+                                  f"{device} (lossfuse.integrations.transformers.unapply(model) restores "
                                   "transformers' loss)")
     return FAMILIES[family.__name__](model)
 
@@ -128,7 +134,7 @@ def _patched(original, return_logits):
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         mode = kwargs.pop("return_logits", return_logits)
-        if mode not in _MODES:
+        if not _valid_mode(mode):
             raise ValueError(f"lossfuse: return_logits: expected 'auto', True or False, got {mode!r}")
         if labels_at is not None and len(args) > labels_at:
             labels, args = args[labels_at], args[:labels_at] + (None,) + args[labels_at + 1:]
@@ -159,7 +165,7 @@ def _patched(original, return_logits):
                                "times")
         fields = dict(out.items())
         fields["loss"] = _loss(self, caught[0], labels, kwargs)
-        if not keep:
+        if not keep and wanted_dict:  # a tuple keeps its logits slot (an empty (..., 0, V) tensor), so positions hold
             fields.pop("logits", None)
         out = type(out)(**fields)
         return out if wanted_dict else out.to_tuple()
@@ -172,14 +178,18 @@ def apply(model, *, return_logits="auto"):
     """Routes the training loss of `model` (an instance: that model; a class: every instance of it) to lossfuse.
     return_logits: 'auto' (logits None when training with labels), True (always made), False (never with labels).
     Applying again replaces the earlier patch. Raises TypeError / ValueError for a model lossfuse does not serve."""
-    if return_logits not in _MODES:
+    if not _valid_mode(return_logits):
         raise ValueError(f"lossfuse: return_logits: expected 'auto', True or False, got {return_logits!r}")
-    unapply(model)
     if isinstance(model, type):
-        _family_class(model)
-        model.forward = _patched(_unpatched(model.forward), return_logits)
+        _family_class(model)  # checks before anything changes: a refused re-apply keeps the earlier patch
+        unapply(model)
+        own = "forward" in vars(model)  # a subclass inheriting forward gets its attribute removed by unapply
+        patch = _patched(_unpatched(model.forward), return_logits)
+        patch._lossfuse_own = own
+        model.forward = patch
     else:
         _check(model)
+        unapply(model)
         model.forward = types.MethodType(_patched(_unpatched(type(model).forward), return_logits), model)
     return model
 
@@ -187,8 +197,12 @@ def apply(model, *, return_logits="auto"):
 def unapply(model):
     """Undoes apply() on this instance or class (a no-op where it was not applied)."""
     if isinstance(model, type):
-        if _is_patch(vars(model).get("forward")):
-            model.forward = model.forward._lossfuse_original
+        patch = vars(model).get("forward")
+        if _is_patch(patch):
+            if getattr(patch, "_lossfuse_own", True):
+                model.forward = patch._lossfuse_original
+            else:
+                del model.forward
     elif _is_patch(getattr(vars(model).get("forward"), "__func__", None)):
         del model.forward
     return model
