@@ -200,12 +200,14 @@ def test_no_class_extras():
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_target_weights_summing_to_zero(eps, reduction):
+@pytest.mark.parametrize("other_weight", [2.0, -1.0])
+def test_target_weights_summing_to_zero(eps, reduction, other_weight):
     """Rows remain but their target classes weigh 0: torch's mean divides the class term and the label smoothing
-    term by that sum separately, 0/0 + s/0, so the loss is NaN, not inf, and so are the kept rows' gradients."""
+    term by that sum separately, 0/0 + s/0, so the loss is NaN, not inf, and so are the kept rows' gradients.
+    A negative weight on a class no row targets changes nothing (fuzz/cross_entropy_fuzz.cpp found it did)."""
     x = make_logits((6, 5), torch.float64)
     t = torch.tensor([0, 1, -100, 0, 1, -100])
-    w = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    w = torch.tensor([0.0, 0.0, 1.0, other_weight, 3.0], dtype=torch.float64)
     kw = dict(weight=w, label_smoothing=eps, reduction=reduction)
     check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], kw, dtype=torch.float64)
     check_against_torch(LF.cross_entropy, F.cross_entropy, [x.float(), t], dict(kw, weight=w.float()))
@@ -214,6 +216,19 @@ def test_target_weights_summing_to_zero(eps, reduction):
     ours = torch.func.jvp(lambda a: LF.cross_entropy(a, t, **kw), (x,), (v,))
     theirs = torch.func.jvp(lambda a: F.cross_entropy(a, t, **kw), (x,), (v,))
     torch.testing.assert_close(ours, theirs, equal_nan=True)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_non_finite_weight_of_an_untargeted_class(bad, eps, reduction):
+    """A NaN or inf weight on a class no row targets: without smoothing torch's loss and gradient never read it
+    (lossfuse's gradient was NaN everywhere: fuzz/cross_entropy_fuzz.cpp found it); with smoothing both are NaN."""
+    x = make_logits((5, 7), torch.float32)
+    t = torch.tensor([0, 1, 2, -100, 1])
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0, bad, 1.0, 1.0])
+    check_against_torch(LF.cross_entropy, F.cross_entropy, [x, t], dict(weight=w, label_smoothing=eps,
+                                                                        reduction=reduction))
 
 
 def test_layouts_non_contiguous_and_expanded():

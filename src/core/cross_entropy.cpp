@@ -109,11 +109,11 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   double denominator = static_cast<double>(pb.rows);  // probability targets: mean over rows
   double loss_denominator = denominator;                 // the loss's and its gradient's (split_mean_denominator)
   if (!pb.soft) {
-    std::int64_t counted = 0;
+    std::int64_t counted = 0, weighted = 0;
     denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow, pb.rows,
-                                          pb.classes, o.ignore_index, w, &counted);
-    loss_denominator = core::split_mean_denominator(denominator, counted, o.label_smoothing != 0 || o.z_loss_scale != 0,
-                                                    core::nonnegative_weights(w, pb.classes));
+                                          pb.classes, o.ignore_index, w, &counted, &weighted);
+    loss_denominator = core::split_mean_denominator(denominator, counted, weighted,
+                                                    o.label_smoothing != 0 || o.z_loss_scale != 0);
   }
 
   p.weight = w;

@@ -138,11 +138,13 @@ void check_grads(const LinearCrossEntropyGrads& g, const Problem& p, const Tenso
 std::int64_t chunk_rows(const LinearCrossEntropyOptions& o, const Problem& p) {
   return linear_cross_entropy_chunk_rows(p.N, p.Vt, static_cast<std::int64_t>(dtype_size(p.pb.acc)), o);
 }
-// target, and the number of non-ignored rows.
+
+// What the target scan yields for 'mean': the sums of target weights and the non-ignored rows.
 struct Denominator {
   double value;  // the loss's (split_mean_denominator)
   double sum;    // the sum of target weights: the z-loss output's
   std::int64_t counted;
+  std::int64_t weighted;  // counted rows whose target weight is not 0
   // the scale of each row's gradient under 'mean' for an upstream gradient g0: with no non-ignored row every row
   // is ignored and its gradient is 0 (0, not 0 times inf); with rows whose weights sum to 0, inf or NaN as torch
   double mean_scale(double g0) const { return counted == 0 ? 0.0 : g0 / value; }
@@ -154,11 +156,11 @@ Denominator scan(const Problem& p, const TensorView& target, const LinearCrossEn
   wts = core::load_weights<Acc>(o.ce.weight, p.V);
   core::RowIndex idx;
   core::set_row_view(idx, 0, target, -1);
-  Denominator d{0.0, 0.0, 0};
+  Denominator d{0.0, 0.0, 0, 0};
   d.sum = core::scan_targets<Acc>(target.data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
-                                  wts.empty() ? nullptr : wts.data(), &d.counted);
-  d.value = core::split_mean_denominator(d.sum, d.counted, o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0,
-                                         core::nonnegative_weights(wts.empty() ? nullptr : wts.data(), p.V));
+                                  wts.empty() ? nullptr : wts.data(), &d.counted, &d.weighted);
+  d.value = core::split_mean_denominator(d.sum, d.counted, d.weighted,
+                                         o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0);
   return d;
 }
 

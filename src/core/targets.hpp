@@ -41,13 +41,13 @@ inline std::string row_position(const RowIndex& idx, std::int64_t r) {
 // Checks every target is in [0, classes) or equals ignore_index; throws index_error naming the first bad
 // position (in row-major order) and its value. Returns sum over non-ignored rows of w[target] (1 when
 // unweighted), summed in row order in double: the 'mean' denominator. counted (if given): the number of
-// non-ignored rows.
+// non-ignored rows; weighted (if given): how many of them have a target weight other than 0.
 template <class Acc>
 double scan_targets(const void* target, DType dtype, const RowIndex& idx, int view, std::int64_t rows,
                     std::int64_t classes, std::int64_t ignore_index, const Acc* weight,
-                    std::int64_t* counted = nullptr) {
+                    std::int64_t* counted = nullptr, std::int64_t* weighted = nullptr) {
   double total = 0;
-  std::int64_t n = 0;
+  std::int64_t n = 0, nonzero = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t t = read_target(target, dtype, idx.offset(view, r));
     if (t == ignore_index) continue;
@@ -58,32 +58,25 @@ double scan_targets(const void* target, DType dtype, const RowIndex& idx, int vi
                       std::to_string(ignore_index) + ")",
                   std::to_string(t) + " at position " + row_position(idx, r));
     }
-    total += weight != nullptr ? static_cast<double>(weight[t]) : 1.0;
+    const double w = weight != nullptr ? static_cast<double>(weight[t]) : 1.0;
+    total += w;
+    nonzero += w != 0;
   }
   if (counted != nullptr) *counted = n;
+  if (weighted != nullptr) *weighted = nonzero;
   return total;
 }
 
 // The 'mean' denominator of a cross-entropy's loss and gradient, from the sum of target weights: torch divides the
 // class term and its label smoothing term by it separately (lossfuse's z-loss term too), so where rows remain but
-// their target weights sum to 0 (all 0, the weights being non-negative) the loss is 0/0 + s/0, NaN, and so is every
-// gradient of a kept row. NaN in that case when such a term is present (the combined sum over 0 would give inf), the
-// sum of weights otherwise: without them IEEE division of the one term already gives torch's result, and negative
-// weights that cancel give a/0 + s/0, which the sum over 0 gives unless a and s differ in sign.
-inline double split_mean_denominator(double denominator, std::int64_t counted, bool other_terms,
-                                     bool nonnegative_weights) {
-  return denominator == 0 && counted > 0 && other_terms && nonnegative_weights
-             ? std::numeric_limits<double>::quiet_NaN()
-             : denominator;
-}
-
-// Whether every one of the n class weights (none: nullptr) is >= 0.
-template <class Acc>
-bool nonnegative_weights(const Acc* w, std::int64_t n) {
-  for (std::int64_t c = 0; w != nullptr && c < n; ++c) {
-    if (!(w[c] >= 0)) return false;
-  }
-  return true;
+// every one of their target weights is 0 the class term is 0/0 and the loss NaN, and so is every gradient of a kept
+// row: NaN then when such a term is present (the combined sum over 0 would give inf), the sum of weights otherwise.
+// Nonzero weights of both signs that cancel give a/0 + s/0, which the sum over 0 matches unless a and s differ in
+// sign (then torch has NaN, lossfuse an infinity; fuzz/cross_entropy_fuzz.cpp leaves that case out).
+inline double split_mean_denominator(double denominator, std::int64_t counted, std::int64_t weighted,
+                                     bool other_terms) {
+  return denominator == 0 && counted > 0 && weighted == 0 && other_terms ? std::numeric_limits<double>::quiet_NaN()
+                                                                         : denominator;
 }
 
 }  // namespace lossfuse::core

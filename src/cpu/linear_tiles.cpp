@@ -79,7 +79,9 @@ void TransformMaxRows(const LceTile& t, std::int64_t i0, std::int64_t i1, float*
   const V ninf = hn::Set(d, -kInf);
   for (std::int64_t i = i0; i < i1; ++i) {
     V m = ninf;
-    MapRow(d, t.z + i * t.ld, t.n, -kInf, [&](std::int64_t j, V x) {
+    // padded with NaN, which every transform keeps and the max leaves out (a -inf pad becomes +inf under a
+    // negative scale: fuzz/linear_cross_entropy_fuzz.cpp)
+    MapRow(d, t.z + i * t.ld, t.n, std::numeric_limits<float>::quiet_NaN(), [&](std::int64_t j, V x) {
       if (t.bias != nullptr) x = hn::Add(x, LoadBias(d, t.bias, j, t.n));
       const V z = Transform<kCap>(d, x, t);
       m = hn::Max(m, hn::IfThenElse(hn::IsNaN(z), ninf, z));

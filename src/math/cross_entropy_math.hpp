@@ -115,15 +115,23 @@ LF_HOST_DEVICE Acc z_loss_row(const CeRowParams<Acc>& p, Acc lse) {
   return p.z_loss_scale * lse * lse;
 }
 
+// (eps/C) sum_w, the smoothing part of A: 0 without smoothing even where a class weight is NaN or inf, as torch,
+// whose gradient reads no weight but the target's then (python/tests/test_cross_entropy.py
+// test_non_finite_weight_of_an_untargeted_class).
+template <class Acc>
+LF_HOST_DEVICE Acc ce_smoothing_weight(const CeRowParams<Acc>& p) {
+  return p.eps_over_c != Acc(0) ? p.eps_over_c * p.sum_w : Acc(0);
+}
+
 // A in the gradient formula above.
 template <class Acc>
 LF_HOST_DEVICE Acc ce_index_grad_a(const CeRowParams<Acc>& p, Acc lse, Acc w_y) {
-  return (Acc(1) - p.eps) * w_y + p.eps_over_c * p.sum_w + Acc(2) * p.z_loss_scale * lse;
+  return (Acc(1) - p.eps) * w_y + ce_smoothing_weight(p) + Acc(2) * p.z_loss_scale * lse;
 }
 
 template <class Acc>
 LF_HOST_DEVICE Acc ce_soft_grad_a(const CeRowParams<Acc>& p, const RowSums<Acc>& r) {
-  return (Acc(1) - p.eps) * r.sum_wp + p.eps_over_c * p.sum_w + Acc(2) * p.z_loss_scale * r.lse;
+  return (Acc(1) - p.eps) * r.sum_wp + ce_smoothing_weight(p) + Acc(2) * p.z_loss_scale * r.lse;
 }
 
 }  // namespace lossfuse::math

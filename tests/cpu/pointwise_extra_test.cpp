@@ -19,12 +19,12 @@
 namespace {
 
 using namespace lftest;
-using lfref::PwLoss;
+using lfref::PwExtraLoss;
 using lfref::PwOpts;
 
 // One configuration of one loss.
 struct Cfg {
-  PwLoss loss;
+  PwExtraLoss loss;
   PwOpts o;
   bool weight = false;     // bce, bce_with_logits
   bool batchmean = false;  // kl_div (with reduction mean)
@@ -32,28 +32,28 @@ struct Cfg {
 };
 
 bool has_z(const Cfg& c) {
-  return (c.loss == PwLoss::bce_with_logits && c.o.pos_weight) || c.loss == PwLoss::gaussian_nll ||
-         c.loss == PwLoss::margin_ranking;
+  return (c.loss == PwExtraLoss::bce_with_logits && c.o.pos_weight) || c.loss == PwExtraLoss::gaussian_nll ||
+         c.loss == PwExtraLoss::margin_ranking;
 }
-bool y_diff(const Cfg& c) { return c.loss != PwLoss::hinge_embedding; }
-bool z_diff(const Cfg& c) { return c.loss == PwLoss::gaussian_nll || c.loss == PwLoss::margin_ranking; }
+bool y_diff(const Cfg& c) { return c.loss != PwExtraLoss::hinge_embedding; }
+bool z_diff(const Cfg& c) { return c.loss == PwExtraLoss::gaussian_nll || c.loss == PwExtraLoss::margin_ranking; }
 
 std::vector<Cfg> all_configs() {
   std::vector<Cfg> v;
-  auto add = [&](PwLoss l, PwOpts o, bool w, bool bm, std::string n) { v.push_back({l, o, w, bm, std::move(n)}); };
-  add(PwLoss::bce, {}, false, false, "bce");
-  add(PwLoss::bce, {}, true, false, "bce_w");
+  auto add = [&](PwExtraLoss l, PwOpts o, bool w, bool bm, std::string n) { v.push_back({l, o, w, bm, std::move(n)}); };
+  add(PwExtraLoss::bce, {}, false, false, "bce");
+  add(PwExtraLoss::bce, {}, true, false, "bce_w");
   for (bool pw : {false, true})
     for (bool w : {false, true}) {
       PwOpts o;
       o.pos_weight = pw;
-      add(PwLoss::bce_with_logits, o, w, false, std::string("bcel") + (pw ? "_pw" : "") + (w ? "_w" : ""));
+      add(PwExtraLoss::bce_with_logits, o, w, false, std::string("bcel") + (pw ? "_pw" : "") + (w ? "_w" : ""));
     }
   for (bool lt : {false, true})
     for (bool bm : {false, true}) {
       PwOpts o;
       o.log_target = lt;
-      add(PwLoss::kl_div, o, false, bm, std::string("kl") + (lt ? "_logt" : "") + (bm ? "_batchmean" : ""));
+      add(PwExtraLoss::kl_div, o, false, bm, std::string("kl") + (lt ? "_logt" : "") + (bm ? "_batchmean" : ""));
     }
   for (bool li : {false, true})
     for (bool full : {false, true}) {
@@ -61,29 +61,29 @@ std::vector<Cfg> all_configs() {
       o.log_input = li;
       o.full = full;
       o.eps = li ? 1e-8 : 0.25;  // a visible eps where it is used
-      add(PwLoss::poisson_nll, o, false, false,
+      add(PwExtraLoss::poisson_nll, o, false, false,
           std::string("poisson") + (li ? "_log" : "_lin") + (full ? "_full" : ""));
     }
   for (bool full : {false, true}) {
     PwOpts o;
     o.full = full;
     o.eps = 1e-6;
-    add(PwLoss::gaussian_nll, o, false, false, std::string("gaussian") + (full ? "_full" : ""));
+    add(PwExtraLoss::gaussian_nll, o, false, false, std::string("gaussian") + (full ? "_full" : ""));
   }
   {
     PwOpts o;
     o.eps = 0.5;  // a large eps: many elements are clamped
-    add(PwLoss::gaussian_nll, o, false, false, "gaussian_eps0.5");
+    add(PwExtraLoss::gaussian_nll, o, false, false, "gaussian_eps0.5");
   }
   for (double m : {1.0, 0.5, -0.25}) {
     PwOpts o;
     o.margin = m;
-    add(PwLoss::hinge_embedding, o, false, false, "hinge_m" + std::to_string(m));
+    add(PwExtraLoss::hinge_embedding, o, false, false, "hinge_m" + std::to_string(m));
   }
   for (double m : {0.0, 0.5}) {
     PwOpts o;
     o.margin = m;
-    add(PwLoss::margin_ranking, o, false, false, "ranking_m" + std::to_string(m));
+    add(PwExtraLoss::margin_ranking, o, false, false, "ranking_m" + std::to_string(m));
   }
   return v;
 }
@@ -101,16 +101,16 @@ void fill(const Cfg& c, Data& d, Rng& rng, bool smooth) {
     for (std::int64_t i = 0; i < m; ++i) t.set(i, gen(i));
   };
   switch (c.loss) {
-    case PwLoss::bce:
+    case PwExtraLoss::bce:
       fill_t(d.x, [&](std::int64_t) { return rng.uniform(smooth ? 0.05 : 0.0, smooth ? 0.95 : 1.0); });
       fill_t(d.y, [&](std::int64_t) { return rng.uniform(); });
       break;
-    case PwLoss::bce_with_logits:
+    case PwExtraLoss::bce_with_logits:
       fill_t(d.x, [&](std::int64_t) { return 4 * rng.normal(); });
       fill_t(d.y, [&](std::int64_t) { return rng.uniform(); });
       if (d.hz) fill_t(d.z, [&](std::int64_t) { return rng.uniform(0.25, 3.0); });
       break;
-    case PwLoss::kl_div:
+    case PwExtraLoss::kl_div:
       fill_t(d.x, [&](std::int64_t) { return std::log(rng.uniform(0.01, 1.0)); });
       if (c.o.log_target) {
         fill_t(d.y, [&](std::int64_t) { return std::log(rng.uniform(0.01, 1.0)); });
@@ -118,7 +118,7 @@ void fill(const Cfg& c, Data& d, Rng& rng, bool smooth) {
         fill_t(d.y, [&](std::int64_t i) { return !smooth && i % 11 == 3 ? 0.0 : rng.uniform(0.05, 1.0); });
       }
       break;
-    case PwLoss::poisson_nll:
+    case PwExtraLoss::poisson_nll:
       if (c.o.log_input) {
         fill_t(d.x, [&](std::int64_t) { return 2 * rng.normal(); });
       } else {
@@ -127,14 +127,14 @@ void fill(const Cfg& c, Data& d, Rng& rng, bool smooth) {
       // counts 0..6 (0 and 1 exercise the Stirling mask), or smooth positive values
       fill_t(d.y, [&](std::int64_t) { return smooth ? rng.uniform(0.2, 6.0) : static_cast<double>(rng.index(7)); });
       break;
-    case PwLoss::gaussian_nll:
+    case PwExtraLoss::gaussian_nll:
       fill_t(d.x, [&](std::int64_t) { return rng.normal(); });
       fill_t(d.y, [&](std::int64_t) { return rng.normal(); });
       fill_t(d.z, [&](std::int64_t i) {
         return smooth ? rng.uniform(std::max(0.1, 2 * c.o.eps), 2.0) : (i % 13 == 5 ? 0.0 : rng.uniform(0.0, 2.0));
       });
       break;
-    case PwLoss::hinge_embedding:
+    case PwExtraLoss::hinge_embedding:
       fill_t(d.x, [&](std::int64_t) {
         double v;
         do v = 2 * rng.normal();
@@ -143,7 +143,7 @@ void fill(const Cfg& c, Data& d, Rng& rng, bool smooth) {
       });
       fill_t(d.y, [&](std::int64_t i) { return i % 9 == 4 ? (i % 2 ? 0.0 : 2.0) : (rng.index(2) ? 1.0 : -1.0); });
       break;
-    case PwLoss::margin_ranking:
+    case PwExtraLoss::margin_ranking:
       fill_t(d.x, [&](std::int64_t) { return rng.normal(); });
       fill_t(d.y, [&](std::int64_t) { return rng.normal(); });
       fill_t(d.z, [&](std::int64_t) { return rng.index(2) ? 1.0 : -1.0; });
@@ -202,7 +202,7 @@ Ref reference(const Cfg& c, const Data& d) {
   for (auto* v : {&r.l, &r.dx, &r.dy, &r.dz, &r.ml, &r.mdx, &r.mdy, &r.mdz, &r.w}) v->resize(n);
   for (std::int64_t i = 0; i < n; ++i) {
     const double z = d.hz ? d.z.get(i) : 0.0;
-    const lfref::PwElem e = lfref::pointwise_extra(c.loss, c.o, d.x.get(i), d.y.get(i), z);
+    const lfref::PwExtraElem e = lfref::pointwise_extra(c.loss, c.o, d.x.get(i), d.y.get(i), z);
     const double w = d.hw ? d.w.get(i) : 1.0;
     r.w[i] = w;
     r.l[i] = w * e.l, r.ml[i] = std::fabs(w) * e.ml;
@@ -217,22 +217,22 @@ void forward(const Cfg& c, const Data& d, Reduction red, const TensorView& loss)
   namespace lf = lossfuse;
   const std::optional<TensorView> w = d.hw ? std::optional<TensorView>(d.w.view) : std::nullopt;
   switch (c.loss) {
-    case PwLoss::bce: lf::bce_forward(d.x.view, d.y.view, {red, w}, loss); return;
-    case PwLoss::bce_with_logits: {
+    case PwExtraLoss::bce: lf::bce_forward(d.x.view, d.y.view, {red, w}, loss); return;
+    case PwExtraLoss::bce_with_logits: {
       lf::BceWithLogitsOptions o{red, w, std::nullopt};
       if (c.o.pos_weight) o.pos_weight = d.z.view;
       lf::bce_with_logits_forward(d.x.view, d.y.view, o, loss);
       return;
     }
-    case PwLoss::kl_div: lf::kl_div_forward(d.x.view, d.y.view, {red, c.batchmean, c.o.log_target}, loss); return;
-    case PwLoss::poisson_nll:
+    case PwExtraLoss::kl_div: lf::kl_div_forward(d.x.view, d.y.view, {red, c.batchmean, c.o.log_target}, loss); return;
+    case PwExtraLoss::poisson_nll:
       lf::poisson_nll_forward(d.x.view, d.y.view, {red, c.o.log_input, c.o.full, c.o.eps}, loss);
       return;
-    case PwLoss::gaussian_nll:
+    case PwExtraLoss::gaussian_nll:
       lf::gaussian_nll_forward(d.x.view, d.y.view, d.z.view, {red, c.o.full, c.o.eps}, loss);
       return;
-    case PwLoss::hinge_embedding: lf::hinge_embedding_forward(d.x.view, d.y.view, {red, c.o.margin}, loss); return;
-    case PwLoss::margin_ranking:
+    case PwExtraLoss::hinge_embedding: lf::hinge_embedding_forward(d.x.view, d.y.view, {red, c.o.margin}, loss); return;
+    case PwExtraLoss::margin_ranking:
       lf::margin_ranking_forward(d.x.view, d.y.view, d.z.view, {red, c.o.margin}, loss);
       return;
   }
@@ -246,22 +246,22 @@ void backward(const Cfg& c, const Data& d, Reduction red, const std::optional<Te
   const std::optional<TensorView> w = d.hw ? std::optional<TensorView>(d.w.view) : std::nullopt;
   const lf::PointwiseGrads g{opt(gx), opt(gy), opt(gz)};
   switch (c.loss) {
-    case PwLoss::bce: lf::bce_backward(d.x.view, d.y.view, go, {red, w}, g); return;
-    case PwLoss::bce_with_logits: {
+    case PwExtraLoss::bce: lf::bce_backward(d.x.view, d.y.view, go, {red, w}, g); return;
+    case PwExtraLoss::bce_with_logits: {
       lf::BceWithLogitsOptions o{red, w, std::nullopt};
       if (c.o.pos_weight) o.pos_weight = d.z.view;
       lf::bce_with_logits_backward(d.x.view, d.y.view, go, o, g);
       return;
     }
-    case PwLoss::kl_div: lf::kl_div_backward(d.x.view, d.y.view, go, {red, c.batchmean, c.o.log_target}, g); return;
-    case PwLoss::poisson_nll:
+    case PwExtraLoss::kl_div: lf::kl_div_backward(d.x.view, d.y.view, go, {red, c.batchmean, c.o.log_target}, g); return;
+    case PwExtraLoss::poisson_nll:
       lf::poisson_nll_backward(d.x.view, d.y.view, go, {red, c.o.log_input, c.o.full, c.o.eps}, g);
       return;
-    case PwLoss::gaussian_nll:
+    case PwExtraLoss::gaussian_nll:
       lf::gaussian_nll_backward(d.x.view, d.y.view, d.z.view, go, {red, c.o.full, c.o.eps}, g);
       return;
-    case PwLoss::hinge_embedding: lf::hinge_embedding_backward(d.x.view, d.y.view, go, {red, c.o.margin}, g); return;
-    case PwLoss::margin_ranking:
+    case PwExtraLoss::hinge_embedding: lf::hinge_embedding_backward(d.x.view, d.y.view, go, {red, c.o.margin}, g); return;
+    case PwExtraLoss::margin_ranking:
       lf::margin_ranking_backward(d.x.view, d.y.view, d.z.view, go, {red, c.o.margin}, {opt(gx), opt(gy), opt(gz)});
       return;
   }
@@ -443,7 +443,7 @@ TEST(PointwiseExtra, StridedAndBroadcastOperands) {
 TEST(PointwiseExtra, KlBatchmeanDenominators) {
   Cfg c = all_configs()[0];
   for (const Cfg& k : all_configs())
-    if (k.loss == PwLoss::kl_div && k.batchmean && !k.o.log_target) c = k;
+    if (k.loss == PwExtraLoss::kl_div && k.batchmean && !k.o.log_target) c = k;
   for (const auto& shape : std::vector<std::vector<std::int64_t>>{{}, {5}, {4, 3}, {2, 3, 4}}) {
     const Data d = make_data(c, DType::f64, shape, Layout::contiguous, 0, 17);
     const Ref r = reference(c, d);
@@ -902,8 +902,8 @@ TEST(PointwiseExtra, NonFiniteOperands) {
       // one operand special at a time, the others in their domain
       for (int op = 0; op < 3; ++op) {
         if (op == 2 && !d.hz) continue;
-        if (c.loss == PwLoss::bce && op == 0) continue;           // the input range is checked (an error)
-        if (c.loss == PwLoss::gaussian_nll && op == 2) continue;  // negative var is an error: below
+        if (c.loss == PwExtraLoss::bce && op == 0) continue;           // the input range is checked (an error)
+        if (c.loss == PwExtraLoss::gaussian_nll && op == 2) continue;  // negative var is an error: below
         SCOPED_TRACE("special operand " + std::to_string(op));
         Data e = d;
         Tensor* te = op == 0 ? &e.x : op == 1 ? &e.y : &e.z;

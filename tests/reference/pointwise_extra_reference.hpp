@@ -10,9 +10,11 @@
 #include <cmath>
 #include <limits>
 
+#include "reference/reference.hpp"
+
 namespace lfref {
 
-enum class PwLoss { bce, bce_with_logits, kl_div, poisson_nll, gaussian_nll, hinge_embedding, margin_ranking };
+enum class PwExtraLoss { bce, bce_with_logits, kl_div, poisson_nll, gaussian_nll, hinge_embedding, margin_ranking };
 
 struct PwOpts {
   bool pos_weight = false;  // bce_with_logits: z is pos_weight
@@ -25,23 +27,22 @@ struct PwOpts {
 
 // Loss l and its derivatives by x (input / input1), y (target / input2) and z (pos_weight, var, ranking target),
 // for an upstream gradient of 1 and no weight; m*: magnitudes.
-struct PwElem {
+struct PwExtraElem {
   double l = 0, dx = 0, dy = 0, dz = 0;
   double ml = 0, mdx = 0, mdy = 0, mdz = 0;
 };
 
 namespace pwdetail {
-inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // log(1 + e^a), exactly enough in double for any a
 inline double softplus(double a) { return a > 0 ? a + std::log1p(std::exp(-a)) : std::log1p(std::exp(a)); }
 inline double sigmoid(double a) { return a >= 0 ? 1 / (1 + std::exp(-a)) : std::exp(a) / (1 + std::exp(a)); }
 }  // namespace pwdetail
 
-inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, double z) {
+inline PwExtraElem pointwise_extra(PwExtraLoss k, const PwOpts& o, double x, double y, double z) {
   using namespace pwdetail;
-  PwElem r;
+  PwExtraElem r;
   switch (k) {
-    case PwLoss::bce: {
+    case PwExtraLoss::bce: {
       // -(y log x + (1 - y) log(1 - x)), each log clamped to >= -100; d/dx = (x - y) / max(x (1 - x), 1e-12);
       // d/dy = -(log x - log(1 - x)) unclamped. torch's 1e-12 is a float (9.99999996e-13) in every dtype.
       const double lx = std::log(x), l1x = std::log(1 - x);
@@ -55,7 +56,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       r.mdy = std::fabs(lx) + std::fabs(l1x);
       break;
     }
-    case PwLoss::bce_with_logits: {
+    case PwExtraLoss::bce_with_logits: {
       // -[pw y log s(x) + (1 - y) log(1 - s(x))] = pw y softplus(-x) + (1 - y) softplus(x), evaluated in torch's
       // form (1 - y) x + (1 + (pw - 1) y) softplus(-x), which decides where infinities give NaN
       const double pw = o.pos_weight ? z : 1.0;
@@ -69,7 +70,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       r.mdy = std::fabs(pw * sn) + std::fabs(sp) + std::fabs(x);
       break;
     }
-    case PwLoss::kl_div: {
+    case PwExtraLoss::kl_div: {
       if (o.log_target) {  // e^y (y - x)
         const double e = std::exp(y);
         r.l = e * (y - x);
@@ -89,7 +90,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       }
       break;
     }
-    case PwLoss::poisson_nll: {
+    case PwExtraLoss::poisson_nll: {
       if (o.log_input) {
         const double e = std::exp(x);
         r.l = e - y * x;
@@ -121,7 +122,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       }
       break;
     }
-    case PwLoss::gaussian_nll: {
+    case PwExtraLoss::gaussian_nll: {
       // v = max(var, eps) (NaN stays); 0.5 (log v + (x - y)^2 / v) (+ 0.5 log 2 pi); d/dvar at v, passed through
       const double v = std::isnan(z) ? z : std::max(z, o.eps);
       const double d = x - y;
@@ -135,7 +136,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       r.mdz = 0.5 * (1 / v + (std::fabs(x) + std::fabs(y)) * std::fabs(d) / (v * v));
       break;
     }
-    case PwLoss::hinge_embedding: {
+    case PwExtraLoss::hinge_embedding: {
       const double t = o.margin - x;
       const double h = t > 0 || std::isnan(t) ? t : 0.0;  // torch's clamp_min keeps NaN
       r.l = y == 1 ? x : (y == -1 ? h : x + h);
@@ -145,7 +146,7 @@ inline PwElem pointwise_extra(PwLoss k, const PwOpts& o, double x, double y, dou
       r.dy = 0;  // torch gives no target gradient
       break;
     }
-    case PwLoss::margin_ranking: {
+    case PwExtraLoss::margin_ranking: {
       // max(0, margin - z (x - y)), z the ranking target
       const double t = o.margin - z * (x - y);
       r.l = t > 0 || std::isnan(t) ? t : 0.0;  // torch's clamp_min keeps NaN
