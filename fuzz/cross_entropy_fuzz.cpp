@@ -109,9 +109,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Not checked (docs/cpp-api.md, "Precision and determinism"): probability targets with C = 0 (the reference tells
   // them by their values, and there are none); a 'mean' whose nonzero target weights of both signs cancel, with
   // smoothing or z-loss (lossfuse's infinity where torch may have NaN); probability targets with smoothing and an
-  // infinite logit (lossfuse's NaN where torch may have an infinity).
-  bool infinite_logit = false;
+  // infinite logit (lossfuse's NaN where torch may have an infinity); a NaN or infinite class weight with smoothing.
+  bool infinite_logit = false, nonfinite_weight = false;
   for (double v : xv) infinite_logit |= std::isinf(v);
+  for (double v : wv) nonfinite_weight |= !std::isfinite(v);
   bool cancelling = false;
   if (!soft && has_weight && reduction == lossfuse::Reduction::mean && (label_smoothing != 0 || z_loss_scale != 0)) {
     double sum = 0;
@@ -121,7 +122,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cancelling &= sum == 0;
   }
   const bool checked = valid && !(soft && (C == 0 || (label_smoothing != 0 && softcap == 0 && infinite_logit))) &&
-                       !cancelling;
+                       !cancelling && !(label_smoothing != 0 && nonfinite_weight);
   lfref::CeResult ref;
   if (checked) ref = lfref::cross_entropy(in);
 
