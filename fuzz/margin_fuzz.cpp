@@ -98,6 +98,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::optional<TensorView> glo = opt(has_gl, gl);
   const auto G = [&](int i) { return opt(want[i], g[i]); };
 
+  if (std::getenv("LOSSFUSE_FUZZ_VERBOSE") != nullptr) {
+    std::fprintf(stderr, "kind %d dtype %s backward %d R %lld D %lld reduction %d bad %d margin %g p %g eps %g swap %d "
+                 "weight %d grad_loss %d\n", static_cast<int>(k), lossfuse::dtype_name(dt).data(), backward,
+                 (long long)R, (long long)D, (int)reduction, bad, margin, p, eps, swap, has_w, has_gl);
+    for (int i = 0; i < n_in; ++i) {
+      for (double v : iv[i]) std::fprintf(stderr, "%g ", v);
+      std::fprintf(stderr, "| strides %lld %lld\n", (long long)in[i].view.strides[0], (long long)in[i].view.strides[1]);
+    }
+    for (const auto* v : {&tv, &wv, &glv}) {
+      for (double e : *v) std::fprintf(stderr, "%g ", e);
+      std::fprintf(stderr, "|\n");
+    }
+  }
   const bool ok = attempt({&in[0], &in[1], &in[2], &t, &w, &loss, &gl, &g[0], &g[1], &g[2]}, [&] {
     switch (k) {
       case Kind::triplet: {
@@ -144,7 +157,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < tv.size(); ++i) ti[i] = static_cast<std::int64_t>(tv[i]);
   switch (k) {
     case Kind::triplet: {
-      lfref::TripletInput r{c, iv[0], iv[1], iv[2], margin, p, eps, swap};
+      // eps as the computation holds it (float32 but for float64 inputs): at a norm of 0 its rounding decides
+      const double eps_c = dt == DType::f64 ? eps : static_cast<double>(static_cast<float>(eps));
+      lfref::TripletInput r{c, iv[0], iv[1], iv[2], margin, p, eps_c, swap};
       ref = lfref::triplet_margin(r);
       break;
     }

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/<stem>_fuzz.cpp) with clang, AddressSanitizer and UndefinedBehaviorSanitizer on
 # the library and the targets (this CPU's SIMD target only, so that the build takes minutes; no OpenMP), then runs
-# each, as many at once as there are cores, from the repository's seeds (fuzz/corpus/<stem>, only read) and its own
-# corpus (build/fuzz/corpus/<stem>, kept between runs). A crash, a sanitizer report or a target's own check (a wrong
-# result, a buffer written by a failed call) stops it with the input saved as build/fuzz/crash-*; the script then
-# fails. Prints each target's executions, their rate and how the calls ended.
+# each, as many at once as there are cores, from the repository's seeds (fuzz/corpus/<stem>.hex: one input per line
+# in hex) and its own corpus (build/fuzz/corpus/<stem>, kept between runs). A crash, a sanitizer report or a target's
+# own check (a wrong result, a buffer written by a failed call) stops it with the input saved as
+# build/fuzz/crash-*; the script then fails. Prints each target's executions, their rate and how the calls ended.
 # Usage: scripts/fuzz.sh [--runs N | SECONDS] [STEM...]
 #   SECONDS (default 60) per target; --runs N: N executions per target instead (the long runs: --runs 10000000).
 #   STEMs: only these targets (e.g. ctc linear_cross_entropy); default every one.
+#        scripts/fuzz.sh --save-seeds [STEM...]: rewrites fuzz/corpus/<stem>.hex from build/fuzz/corpus/<stem>
+#   (libFuzzer's merge keeps the inputs that add coverage; at most 400 of them, spread over their lengths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit="-max_total_time=60"
-if [ "${1:-}" = "--runs" ]; then
+save=0
+if [ "${1:-}" = "--save-seeds" ]; then
+  save=1
+  shift
+elif [ "${1:-}" = "--runs" ]; then
   limit="-runs=$2"
   shift 2
 elif [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then
@@ -30,12 +36,38 @@ cmake -S . -B build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -
   -DLOSSFUSE_BUILD_APPS=OFF -DLOSSFUSE_BUILD_TESTS=OFF -DLOSSFUSE_NVCC_CHECK=OFF -DLOSSFUSE_CUDA=OFF >/dev/null
 cmake --build build/fuzz -j "$(nproc)"
 
+if [ "$save" = 1 ]; then
+  for stem in "${stems[@]}"; do
+    rm -rf "build/fuzz/merged/$stem" && mkdir -p "build/fuzz/merged/$stem"
+    "build/fuzz/${stem}_fuzz" -merge=1 "build/fuzz/merged/$stem" "build/fuzz/corpus/$stem" >/dev/null 2>&1
+    python3 - "build/fuzz/merged/$stem" "fuzz/corpus/$stem.hex" <<'PY'
+import pathlib, sys
+inputs = sorted((p.read_bytes() for p in pathlib.Path(sys.argv[1]).iterdir()), key=lambda b: (len(b), b))
+inputs = [inputs[i * len(inputs) // 400] for i in range(400)] if len(inputs) > 400 else inputs
+pathlib.Path(sys.argv[2]).write_text("".join(b.hex() + "\n" for b in inputs))
+PY
+    echo "fuzz: fuzz/corpus/$stem.hex: $(wc -l <"fuzz/corpus/$stem.hex") seeds"
+  done
+  exit 0
+fi
+
+# the seeds, one file per input
+for stem in "${stems[@]}"; do
+  rm -rf "build/fuzz/seeds/$stem" && mkdir -p "build/fuzz/seeds/$stem"
+  [ -f "fuzz/corpus/$stem.hex" ] || continue
+  python3 - "fuzz/corpus/$stem.hex" "build/fuzz/seeds/$stem" <<'PY'
+import pathlib, sys
+for i, line in enumerate(pathlib.Path(sys.argv[1]).read_text().split()):
+    (pathlib.Path(sys.argv[2]) / f"seed{i:04d}").write_bytes(bytes.fromhex(line))
+PY
+done
+
 run_one() {
   local stem=$1 limit=$2 t0=$SECONDS
   local log="build/fuzz/${stem}_fuzz.log"
   mkdir -p "build/fuzz/corpus/$stem"
   if ! (cd build/fuzz && LOSSFUSE_FUZZ_STATS=1 "./${stem}_fuzz" "$limit" -print_final_stats=1 -artifact_prefix=./ \
-        -max_len=512 "corpus/$stem" "../../fuzz/corpus/$stem") >"$log" 2>&1; then
+        -max_len=512 "corpus/$stem" "seeds/$stem") >"$log" 2>&1; then
     tail -30 "$log"
     echo "fuzz: ${stem}_fuzz failed (log: $log)"
     return 1
