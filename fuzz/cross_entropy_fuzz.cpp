@@ -126,6 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   lfref::CeResult ref;
   if (checked) ref = lfref::cross_entropy(in);
 
+  valid &= !sabotage(b, x.view) && !sabotage(b, target.view);
   const bool none = reduction == lossfuse::Reduction::none;
   const DType acc = acc_of(dt);
   Buf loss = Buf::canary(acc, none ? pb.row_shape() : std::vector<std::int64_t>{});

@@ -34,7 +34,8 @@ struct Bytes {
     --n;
     return *p++;
   }
-  bool chance(int one_in) { return next() % one_in == 0; }
+  bool chance(int one_in) { return next() % one_in == 0; }  // true past the end
+  bool rarely(int one_in) { return next() % one_in == one_in - 1; }  // false past the end: for broken arguments
   std::int64_t below(std::int64_t k) { return k <= 0 ? 0 : static_cast<std::int64_t>(next()) % k; }
   template <class T, std::size_t K>
   T pick(const T (&table)[K]) { return table[next() % K]; }
@@ -164,6 +165,21 @@ struct Buf {
     return v;
   }
 };
+
+// Now and then (one call in `one_in`) breaks view v's promise in one way a caller might: data misaligned by a byte
+// (dtypes wider than one byte), data null, or the view on another device. Returns whether it did (the call is then
+// invalid). Only views with elements: an empty view's pointer is never read.
+inline bool sabotage(Bytes& b, TensorView& v, int one_in = 24) {
+  if (!b.rarely(one_in) || v.numel() <= 0) return false;
+  switch (b.below(3)) {
+    case 0:
+      if (size_of(v.dtype) == 1) return false;
+      v.data = static_cast<std::uint8_t*>(v.data) + 1;
+      return true;
+    case 1: v.data = nullptr; return true;
+    default: v.device = lossfuse::Device::cuda; return true;
+  }
+}
 
 // How the calls ended: printed at exit (stderr) where LOSSFUSE_FUZZ_STATS is set, for scripts/fuzz.sh's report.
 struct Stats {

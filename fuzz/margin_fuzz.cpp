@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto reduction = static_cast<Reduction>(b.below(4));  // 3: out of range
   const std::int64_t R = b.below(6), D = b.below(9);
   bool valid = reduction != static_cast<Reduction>(3);
-  const int bad = b.chance(4) ? static_cast<int>(b.below(4)) : -1;  // 0 shape, 1 dtype, 2 alias, 3 loss dtype
+  const int bad = b.rarely(4) ? static_cast<int>(b.below(4)) : -1;  // 0 shape, 1 dtype, 2 alias, 3 loss dtype
 
   // options
   const double margin = b.pick({1.0, 0.5, 0.0, -0.5});
@@ -80,6 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   for (double v : wv) finite &= std::isfinite(v);
 
+  valid &= !sabotage(b, in[0].view);
   const bool none = reduction == Reduction::none;
   const DType acc = acc_of(dt);
   const std::vector<std::int64_t> loss_shape = none ? std::vector<std::int64_t>{R} : std::vector<std::int64_t>{};
