@@ -107,14 +107,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     valid &= classes[r] == ignore_index || (classes[r] >= 0 && classes[r] < C);
   }
   // Not checked (docs/cpp-api.md, "Precision and determinism"): probability targets with C = 0 (the reference tells
-  // them by their values, and there are none); a 'mean' whose nonzero target weights of both signs cancel, with
-  // smoothing or z-loss (lossfuse's infinity where torch may have NaN); probability targets with smoothing and an
+  // them by their values, and there are none); a 'mean' whose nonzero target weights of both signs cancel
+  // (lossfuse's infinity where torch may have NaN); probability targets with smoothing and an
   // infinite logit (lossfuse's NaN where torch may have an infinity); a NaN or infinite class weight with smoothing.
   bool infinite_logit = false, nonfinite_weight = false;
   for (double v : xv) infinite_logit |= std::isinf(v);
   for (double v : wv) nonfinite_weight |= !std::isfinite(v);
   bool cancelling = false;
-  if (!soft && has_weight && reduction == lossfuse::Reduction::mean && (label_smoothing != 0 || z_loss_scale != 0)) {
+  if (!soft && has_weight && reduction == lossfuse::Reduction::mean) {
     double sum = 0;
     for (std::int64_t r = 0; r < R; ++r) {
       if (classes[r] != ignore_index && classes[r] >= 0 && classes[r] < C) sum += wv[classes[r]], cancelling |= wv[classes[r]] != 0;
