@@ -6,7 +6,8 @@
 # own check (a wrong result, a buffer written by a failed call) stops it with the input saved as
 # build/fuzz/crash-*; the script then fails. Prints each target's executions, their rate and how the calls ended.
 # Usage: scripts/fuzz.sh [--runs N | SECONDS] [STEM...]
-#   SECONDS (default 60) per target; --runs N: N executions per target instead (the long runs: --runs 10000000).
+#   SECONDS (default 60) per target, from a random seed; --runs N: N executions per target from seed 1, the same
+#   inputs on every run of one build (scripts/test.sh: --runs 100000; long runs: --runs 10000000).
 #   STEMs: only these targets (e.g. ctc linear_cross_entropy); default every one.
 #        scripts/fuzz.sh --save-seeds [STEM...]: rewrites fuzz/corpus/<stem>.hex from build/fuzz/corpus/<stem>
 #   (libFuzzer's merge keeps the inputs that add coverage; at most 400 of them, spread over their lengths).
@@ -18,7 +19,7 @@ if [ "${1:-}" = "--save-seeds" ]; then
   save=1
   shift
 elif [ "${1:-}" = "--runs" ]; then
-  limit="-runs=$2"
+  limit="-runs=$2 -seed=1"
   shift 2
 elif [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then
   limit="-max_total_time=$1"
@@ -66,7 +67,8 @@ run_one() {
   local stem=$1 limit=$2 t0=$SECONDS
   local log="build/fuzz/${stem}_fuzz.log"
   mkdir -p "build/fuzz/corpus/$stem"
-  if ! (cd build/fuzz && LOSSFUSE_FUZZ_STATS=1 "./${stem}_fuzz" "$limit" -print_final_stats=1 -artifact_prefix=./ \
+  # shellcheck disable=SC2086  # (limit: one or two flags)
+  if ! (cd build/fuzz && LOSSFUSE_FUZZ_STATS=1 "./${stem}_fuzz" $limit -print_final_stats=1 -artifact_prefix=./ \
         -max_len=512 "corpus/$stem" "seeds/$stem") >"$log" 2>&1; then
     tail -30 "$log"
     echo "fuzz: ${stem}_fuzz failed (log: $log)"
