@@ -13,6 +13,7 @@
 #   (libFuzzer's merge keeps the inputs that add coverage; at most 400 of them, spread over their lengths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/setup.sh  # clang and its sanitizer and fuzzer runtimes
 limit="-max_total_time=60"
 save=0
 if [ "${1:-}" = "--save-seeds" ]; then
