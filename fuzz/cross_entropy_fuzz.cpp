@@ -35,8 +35,6 @@ void check_grad(const Problem& pb, DType dt, const Buf& g, const std::vector<dou
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes b{data, size};
-  static constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-  static constexpr DType kInts[] = {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64};
   const DType dt = b.pick(kDtypes);
   const int mode = static_cast<int>(b.below(6));  // CE forward, backward, fused, fused in place; NLL fwd, bwd
   const bool nll = mode >= 4;

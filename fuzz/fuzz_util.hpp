@@ -23,6 +23,9 @@ using lossfuse::DType;
 using lossfuse::TensorView;
 
 inline constexpr double kInf = INFINITY, kNaN = NAN;
+// The dtypes a choice picks from: floating (first: float32) and integer (targets, lengths).
+inline constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+inline constexpr DType kInts[] = {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64};
 inline constexpr std::uint8_t kCanary = 0xA5;
 
 // The fuzzer's bytes, read front to back; past the end every choice is 0 (the first entry).

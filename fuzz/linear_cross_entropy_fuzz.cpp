@@ -14,8 +14,6 @@ using lossfuse::Reduction;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes b{data, size};
-  static constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-  static constexpr DType kInts[] = {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64};
   const DType dt = b.pick(kDtypes);
   const int mode = static_cast<int>(b.below(3));  // forward, forward with grads, backward from lse
   const std::int64_t N = b.below(6), H = b.below(7), V = b.below(13);

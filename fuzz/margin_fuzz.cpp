@@ -22,8 +22,6 @@ std::optional<TensorView> opt(bool on, const Buf& b) { return on ? std::optional
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes b{data, size};
-  static constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-  static constexpr DType kInts[] = {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64};
   const auto k = static_cast<Kind>(b.below(5));
   const DType dt = b.pick(kDtypes);
   const bool backward = b.chance(2);

@@ -66,7 +66,6 @@ void expect_grad(DType t, double got, double want, double m, double u, const cha
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes b{data, size};
-  static constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
   const auto k = static_cast<Kind>(b.below(kKinds));
   const DType dt = b.pick(kDtypes);
   const bool backward = b.chance(2);
