@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the C++ Release suite (every SIMD target), the installed C++ package's
 # consumer (examples/cpp), the Python package's suite (pytest, against torch from PyPI in .venv), then the C++ suite
-# again under AddressSanitizer and UndefinedBehaviorSanitizer (AVX2 and the scalar target), and the concurrency tests
+# again under AddressSanitizer and UndefinedBehaviorSanitizer (clang, AVX2 only), and the concurrency tests
 # under ThreadSanitizer, and 100000 inputs (from a fixed seed) through every libFuzzer target (scripts/fuzz.sh).
 # Prints each stage's time.
 # Usage: scripts/test.sh [--fast]   (--fast: no sanitizer runs)
