@@ -144,6 +144,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   nl.reduction = reduction;
   nl.ignore_index = ignore_index;
   if (has_weight) ce.weight = nl.weight = weight.view;
+  if (verbose) {
+    trace("mode %d dtype %s soft %d reduction %d ignore %lld eps %g scale %g softcap %g zls %g valid %d checked %d\n",
+          mode, lossfuse::dtype_name(dt).data(), soft, static_cast<int>(reduction), static_cast<long long>(ignore_index),
+          label_smoothing, logit_scale, softcap, z_loss_scale, valid, checked);
+    show("logits", x), show("target", target);
+    if (has_weight) show("weight", weight);
+  }
   const Buf x_before = x;
   const bool ok = attempt({&x, &loss, &lse, &grad}, [&] {
     switch (mode) {

@@ -71,6 +71,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (has_gl) gl = Buf(acc, loss_shape, &b, true), glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5}); });
   if (bad == 0 && backward && T * N * C > 0) grad.view = lp.view, valid = false;
 
+  if (verbose) {
+    trace("dtype %s backward %d padded %d reduction %d blank %lld zero_infinity %d bad %d valid %d\n",
+          lossfuse::dtype_name(dt).data(), backward, padded, static_cast<int>(reduction),
+          static_cast<long long>(o.blank), o.zero_infinity, bad, valid);
+    show("log_probs", lp), show("input_lengths", il), show("target_lengths", tl), show("targets", tg);
+    if (has_gl) show("grad_loss", gl);
+  }
   const bool ok = attempt({&lp, &il, &tl, &tg, &loss, &nll, &gl, &grad}, [&] {
     if (backward) {
       lossfuse::ctc_backward(lp.view, tg.view, il.view, tl.view,

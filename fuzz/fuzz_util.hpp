@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "lossfuse/lossfuse.hpp"
+#include "dtype_io.hpp"
 #include "reference/reference.hpp"
 
 namespace lffuzz {
@@ -60,42 +62,10 @@ inline double store_unit_of(DType t) {
 }
 inline DType acc_of(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-inline void store(DType t, void* p, double v) {
-  switch (t) {
-    case DType::f32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }
-    case DType::f64: std::memcpy(p, &v, 8); return;
-    case DType::bf16: { const std::uint16_t b = lfref::double_to_bf16_bits(v); std::memcpy(p, &b, 2); return; }
-    case DType::f16: { const std::uint16_t b = lfref::double_to_f16_bits(v); std::memcpy(p, &b, 2); return; }
-    default: return;
-  }
-}
-inline double load(DType t, const void* p) {
-  switch (t) {
-    case DType::f32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::f64: { double d; std::memcpy(&d, p, 8); return d; }
-    case DType::bf16: { std::uint16_t b; std::memcpy(&b, p, 2); return lfref::bf16_bits_to_double(b); }
-    case DType::f16: { std::uint16_t b; std::memcpy(&b, p, 2); return lfref::f16_bits_to_double(b); }
-    default: return 0;
-  }
-}
-inline void store_int(DType t, void* p, std::int64_t v) {
-  switch (t) {
-    case DType::u8: { const auto x = static_cast<std::uint8_t>(v); std::memcpy(p, &x, 1); return; }
-    case DType::i8: { const auto x = static_cast<std::int8_t>(v); std::memcpy(p, &x, 1); return; }
-    case DType::i16: { const auto x = static_cast<std::int16_t>(v); std::memcpy(p, &x, 2); return; }
-    case DType::i32: { const auto x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); return; }
-    default: std::memcpy(p, &v, 8); return;
-  }
-}
-inline std::int64_t load_int(DType t, const void* p) {
-  switch (t) {
-    case DType::u8: { std::uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::i8: { std::int8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::i16: { std::int16_t x; std::memcpy(&x, p, 2); return x; }
-    case DType::i32: { std::int32_t x; std::memcpy(&x, p, 4); return x; }
-    default: { std::int64_t x; std::memcpy(&x, p, 8); return x; }
-  }
-}
+using lftest::load;
+using lftest::load_int;
+using lftest::store;
+using lftest::store_int;
 
 // A view of `shape` (rank <= 4) in its own buffer. Each dim's stride is chosen by the bytes when `strided`:
 // row-major, reversed (negative), padded, or 0 (a broadcast operand: every index of that dim is one element).
@@ -168,6 +138,36 @@ struct Buf {
     return v;
   }
 };
+
+// LOSSFUSE_FUZZ_VERBOSE=1 build/fuzz/<stem>_fuzz crash-...: the target prints the problem a saved input describes,
+// its options by trace() and each operand by show() (dtype, shape, strides, the first 64 values).
+inline const bool verbose = std::getenv("LOSSFUSE_FUZZ_VERBOSE") != nullptr;
+__attribute__((format(printf, 1, 2))) inline void trace(const char* fmt, ...) {
+  std::va_list args;
+  va_start(args, fmt);
+  std::vfprintf(stderr, fmt, args);
+  va_end(args);
+}
+inline void show(const char* name, const Buf& b) {
+  const TensorView& v = b.view;
+  if (b.bytes.empty()) return;  // an operand the call does not take
+  trace("%s: %s, shape (", name, lossfuse::dtype_name(v.dtype).data());
+  for (int d = 0; d < v.ndim; ++d) trace("%s%lld", d ? ", " : "", static_cast<long long>(v.shape[d]));
+  trace("), strides (");
+  for (int d = 0; d < v.ndim; ++d) trace("%s%lld", d ? ", " : "", static_cast<long long>(v.strides[d]));
+  // sabotage()'s null or shifted pointer: no values
+  const bool readable = v.data != nullptr && (static_cast<const std::uint8_t*>(v.data) - b.bytes.data()) %
+                                                 static_cast<std::ptrdiff_t>(size_of(v.dtype)) == 0;
+  trace("):%s", readable ? "" : " (data null or misaligned)");
+  for (std::int64_t i = 0; readable && i < std::min<std::int64_t>(b.numel, 64); ++i) {
+    if (is_int(v.dtype)) {
+      trace(" %lld", static_cast<long long>(b.get_int(i)));
+    } else {
+      trace(" %g", b.get(i));
+    }
+  }
+  trace("%s\n", b.numel > 64 ? " ..." : "");
+}
 
 // Now and then (one call in `one_in`) breaks view v's promise in one way a caller might: data misaligned by a byte
 // (dtypes wider than one byte), data null, or the view on another device. Returns whether it did (the call is then

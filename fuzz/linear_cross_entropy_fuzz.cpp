@@ -7,6 +7,8 @@
 // lossfuse::Error leaving every buffer as it was, or succeeds on valid arguments and, where every input is finite
 // and the filter is off, agrees with the float64 reference (the logits x W^T + b are exact for the values drawn
 // here; tests/reference's cross-entropy on them, then dx = dz W, dW = dz^T x, db = sum_r dz).
+#include <utility>
+
 #include "fuzz_util.hpp"
 
 using namespace lffuzz;
@@ -127,16 +129,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (bad == 1 && mode != 0 && N * H > 0) grads.x = x.view, valid = false;
   const std::optional<TensorView> bias_v = has_bias ? std::optional<TensorView>(bias.view) : std::nullopt;
 
-  if (std::getenv("LOSSFUSE_FUZZ_VERBOSE") != nullptr) {
-    std::fprintf(stderr, "dtype %s mode %d N %lld H %lld V %lld bias %d weight %d reduction %d ignore %lld eps %g scale %g "
-                 "softcap %g zls %g chunk %lld tile %lld filter %g w_grad %s strides x %lld w %lld\n",
-                 lossfuse::dtype_name(dt).data(), mode, (long long)N, (long long)H, (long long)V, has_bias, has_weight,
-                 (int)ce.reduction, (long long)ce.ignore_index, ce.label_smoothing, ce.logit_scale, ce.softcap,
-                 ce.z_loss_scale, (long long)o.chunk_rows, (long long)o.vocab_tile, o.grad_filter,
-                 lossfuse::dtype_name(w_grad_dt).data(), (long long)x.view.strides[0], (long long)w.view.strides[0]);
-    for (std::int64_t r = 0; r < N; ++r) std::fprintf(stderr, "target %lld x0 %g\n", (long long)classes[r], H ? xv[r * H] : 0.0);
-    for (double v : wgt) std::fprintf(stderr, "%g ", v);
-    std::fprintf(stderr, "\n");
+  if (verbose) {
+    trace("dtype %s mode %d N %lld H %lld V %lld reduction %d ignore %lld eps %g scale %g softcap %g zls %g chunk %lld "
+          "tile %lld filter %g w_grad %s\n", lossfuse::dtype_name(dt).data(), mode, static_cast<long long>(N),
+          static_cast<long long>(H), static_cast<long long>(V), static_cast<int>(ce.reduction),
+          static_cast<long long>(ce.ignore_index), ce.label_smoothing, ce.logit_scale, ce.softcap, ce.z_loss_scale,
+          static_cast<long long>(o.chunk_rows), static_cast<long long>(o.vocab_tile), o.grad_filter,
+          lossfuse::dtype_name(w_grad_dt).data());
+    show("x", x), show("W", w), show("target", target);
+    if (has_bias) show("bias", bias);
+    if (has_weight) show("class weight", wt);
   }
   const bool ok = attempt({&x, &w, &bias, &target, &wt, &loss, &lse, &gx, &gw, &gb}, [&] {
     switch (mode) {
@@ -165,28 +167,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const double su = store_unit_of(dt), u = unit_of(dt);
   std::vector<double> dz(ref.grad), dzt(ref.grad_tol);
   for (std::size_t i = 0; i < dz.size(); ++i) dzt[i] += 2 * su * std::fabs(dz[i]) + 1e-7;
+  // sum over k < K of dz[at(k).first] * at(k).second, and its budget (K + 1 roundings of each product)
+  const auto product = [&](std::int64_t K, auto&& at) {
+    double want = 0, tol = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      const auto [i, f] = at(k);
+      want += dz[i] * f;
+      tol += (dzt[i] + 2 * u * static_cast<double>(K + 1) * std::fabs(dz[i])) * std::fabs(f);
+    }
+    return std::pair{want, tol};
+  };
   for (std::int64_t r = 0; r < N; ++r) {
     for (std::int64_t h = 0; h < H; ++h) {
-      double want = 0, tol = 0;
-      for (std::int64_t v = 0; v < V; ++v) {
-        want += dz[r * V + v] * wgt[v * H + h];
-        tol += (dzt[r * V + v] + 2 * u * (V + 1) * std::fabs(dz[r * V + v])) * std::fabs(wgt[v * H + h]);
-      }
+      const auto [want, tol] = product(V, [&](std::int64_t v) { return std::pair{r * V + v, wgt[v * H + h]}; });
       expect_stored(dt, gx.get(r * H + h), want, tol, "dx");
     }
   }
   for (std::int64_t v = 0; v < V; ++v) {
-    double want_b = 0, tol_b = 0;
     for (std::int64_t h = 0; h < H; ++h) {
-      double want = 0, tol = 0;
-      for (std::int64_t r = 0; r < N; ++r) {
-        want += dz[r * V + v] * xv[r * H + h];
-        tol += (dzt[r * V + v] + 2 * u * (N + 1) * std::fabs(dz[r * V + v])) * std::fabs(xv[r * H + h]);
-      }
+      const auto [want, tol] = product(N, [&](std::int64_t r) { return std::pair{r * V + v, xv[r * H + h]}; });
       expect_stored(w_grad_dt, gw.get(v * H + h), want, tol, "dW");
     }
-    for (std::int64_t r = 0; r < N; ++r) want_b += dz[r * V + v], tol_b += dzt[r * V + v] + 2 * u * (N + 1) * std::fabs(dz[r * V + v]);
-    if (has_bias) expect_stored(w_grad_dt, gb.get(v), want_b, tol_b, "db");
+    if (!has_bias) continue;
+    const auto [want, tol] = product(N, [&](std::int64_t r) { return std::pair{r * V + v, 1.0}; });
+    expect_stored(w_grad_dt, gb.get(v), want, tol, "db");
   }
   return 0;
 }

@@ -97,18 +97,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::optional<TensorView> glo = opt(has_gl, gl);
   const auto G = [&](int i) { return opt(want[i], g[i]); };
 
-  if (std::getenv("LOSSFUSE_FUZZ_VERBOSE") != nullptr) {
-    std::fprintf(stderr, "kind %d dtype %s backward %d R %lld D %lld reduction %d bad %d margin %g p %g eps %g swap %d "
-                 "weight %d grad_loss %d\n", static_cast<int>(k), lossfuse::dtype_name(dt).data(), backward,
-                 (long long)R, (long long)D, (int)reduction, bad, margin, p, eps, swap, has_w, has_gl);
-    for (int i = 0; i < n_in; ++i) {
-      for (double v : iv[i]) std::fprintf(stderr, "%g ", v);
-      std::fprintf(stderr, "| strides %lld %lld\n", (long long)in[i].view.strides[0], (long long)in[i].view.strides[1]);
-    }
-    for (const auto* v : {&tv, &wv, &glv}) {
-      for (double e : *v) std::fprintf(stderr, "%g ", e);
-      std::fprintf(stderr, "|\n");
-    }
+  if (verbose) {
+    trace("kind %d dtype %s backward %d R %lld D %lld reduction %d bad %d margin %g p %g eps %g swap %d\n",
+          static_cast<int>(k), lossfuse::dtype_name(dt).data(), backward, static_cast<long long>(R),
+          static_cast<long long>(D), static_cast<int>(reduction), bad, margin, p, eps, swap);
+    for (int i = 0; i < n_in; ++i) show("input", in[i]);
+    show("target", t);
+    if (has_w) show("weight", w);
+    if (has_gl) show("grad_loss", gl);
   }
   const bool ok = attempt({&in[0], &in[1], &in[2], &t, &w, &loss, &gl, &g[0], &g[1], &g[2]}, [&] {
     switch (k) {

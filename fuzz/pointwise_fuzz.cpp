@@ -140,6 +140,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   lossfuse::MarginRankingGrads rgrads{grads.input, grads.target, grads.var};
   const std::optional<TensorView> glo = has_gl ? std::optional<TensorView>(gl.view) : std::nullopt;
 
+  if (verbose) {
+    trace("kind %d dtype %s backward %d reduction %d bad %d param %g flags %d %d want_y %d want_z %d valid %d\n",
+          static_cast<int>(k), lossfuse::dtype_name(dt).data(), backward, static_cast<int>(reduction), bad, o.param,
+          o.flag1, o.flag2, want_y, want_z, valid);
+    show("input", x), show("target", y);
+    if (o.has_z) show("third", z);
+    if (o.has_w) show("weight", w);
+    if (has_gl) show("grad_loss", gl);
+  }
   const auto red = reduction;
   const bool ok = attempt({&x, &y, &z, &w, &loss, &gl, &gx, &gy, &gz}, [&] {
     const TensorView &X = x.view, &Y = y.view, &L = loss.view;
@@ -241,9 +250,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     double g = has_gl ? (none ? glv[i] : glv[0]) : 1.0;
     if (mean) g /= denom;
     const double s = (o.has_w ? wv[i] : 1.0) * g;
-    expect_grad(dt, gx.get(i), el[i].dx * s, (el[i].mdx + std::fabs(el[i].dx)) * std::fabs(s), u, "input gradient");
-    if (want_y) expect_grad(dt, gy.get(i), el[i].dy * s, (el[i].mdy + std::fabs(el[i].dy)) * std::fabs(s), u, "target gradient");
-    if (want_z) expect_grad(dt, gz.get(i), el[i].dz * s, (el[i].mdz + std::fabs(el[i].dz)) * std::fabs(s), u, "third gradient");
+    const auto check = [&](const Buf& out, double d, double md, const char* what) {
+      expect_grad(dt, out.get(i), d * s, (md + std::fabs(d)) * std::fabs(s), u, what);
+    };
+    check(gx, el[i].dx, el[i].mdx, "input gradient");
+    if (want_y) check(gy, el[i].dy, el[i].mdy, "target gradient");
+    if (want_z) check(gz, el[i].dz, el[i].mdz, "third gradient");
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lossfuse/lossfuse.hpp"
+#include "dtype_io.hpp"
 #include "reference/reference.hpp"
 
 namespace lftest {
@@ -69,51 +70,6 @@ inline DType acc_dtype(DType logits) { return logits == DType::f64 ? DType::f64 
 inline DType weight_dtype(DType logits) { return acc_dtype(logits); }
 
 inline std::string dname(DType t) { return std::string(lossfuse::dtype_name(t)); }
-
-inline double load(DType t, const void* base, std::int64_t i) {
-  const auto* p = static_cast<const std::uint8_t*>(base) + i * static_cast<std::int64_t>(lossfuse::dtype_size(t));
-  switch (t) {
-    case DType::f32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::f64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::f16: { std::uint16_t v; std::memcpy(&v, p, 2); return lfref::f16_bits_to_double(v); }
-    case DType::bf16: { std::uint16_t v; std::memcpy(&v, p, 2); return lfref::bf16_bits_to_double(v); }
-    case DType::u8: return *p;
-    case DType::i8: { std::int8_t v; std::memcpy(&v, p, 1); return v; }
-    case DType::i16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::i32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::i64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-  }
-  return 0;
-}
-inline std::int64_t load_int(DType t, const void* base, std::int64_t i) {
-  if (t == DType::i64) {
-    std::int64_t v;
-    std::memcpy(&v, static_cast<const std::uint8_t*>(base) + 8 * i, 8);
-    return v;
-  }
-  return static_cast<std::int64_t>(load(t, base, i));
-}
-inline void store(DType t, void* base, std::int64_t i, double v) {
-  auto* p = static_cast<std::uint8_t*>(base) + i * static_cast<std::int64_t>(lossfuse::dtype_size(t));
-  switch (t) {
-    case DType::f32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }
-    case DType::f64: std::memcpy(p, &v, 8); return;
-    case DType::f16: { const std::uint16_t b = lfref::double_to_f16_bits(v); std::memcpy(p, &b, 2); return; }
-    case DType::bf16: { const std::uint16_t b = lfref::double_to_bf16_bits(v); std::memcpy(p, &b, 2); return; }
-    default: break;
-  }
-}
-inline void store_int(DType t, void* base, std::int64_t i, std::int64_t v) {
-  auto* p = static_cast<std::uint8_t*>(base) + i * static_cast<std::int64_t>(lossfuse::dtype_size(t));
-  switch (t) {
-    case DType::u8: { const auto b = static_cast<std::uint8_t>(v); std::memcpy(p, &b, 1); return; }
-    case DType::i8: { const auto b = static_cast<std::int8_t>(v); std::memcpy(p, &b, 1); return; }
-    case DType::i16: { const auto b = static_cast<std::int16_t>(v); std::memcpy(p, &b, 2); return; }
-    case DType::i32: { const auto b = static_cast<std::int32_t>(v); std::memcpy(p, &b, 4); return; }
-    case DType::i64: std::memcpy(p, &v, 8); return;
-    default: store(t, base, i, static_cast<double>(v)); return;
-  }
-}
 
 // ------------------------------------------------------------------------------------------------------------
 // Owning strided tensors.
