@@ -12,51 +12,59 @@
 
 namespace lftest {
 
+template <class T>
+T read_as(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+void write_as(void* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
 inline double load(lossfuse::DType t, const void* p) {
   using lossfuse::DType;
   switch (t) {
-    case DType::f32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::f64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::f16: { std::uint16_t v; std::memcpy(&v, p, 2); return lfref::f16_bits_to_double(v); }
-    case DType::bf16: { std::uint16_t v; std::memcpy(&v, p, 2); return lfref::bf16_bits_to_double(v); }
-    case DType::u8: { std::uint8_t v; std::memcpy(&v, p, 1); return v; }
-    case DType::i8: { std::int8_t v; std::memcpy(&v, p, 1); return v; }
-    case DType::i16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::i32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::i64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case DType::f32: return read_as<float>(p);
+    case DType::f64: return read_as<double>(p);
+    case DType::f16: return lfref::f16_bits_to_double(read_as<std::uint16_t>(p));
+    case DType::bf16: return lfref::bf16_bits_to_double(read_as<std::uint16_t>(p));
+    case DType::u8: return read_as<std::uint8_t>(p);
+    case DType::i8: return read_as<std::int8_t>(p);
+    case DType::i16: return read_as<std::int16_t>(p);
+    case DType::i32: return read_as<std::int32_t>(p);
+    case DType::i64: return static_cast<double>(read_as<std::int64_t>(p));
   }
   return 0;
 }
 
 inline std::int64_t load_int(lossfuse::DType t, const void* p) {
-  if (t != lossfuse::DType::i64) return static_cast<std::int64_t>(load(t, p));
-  std::int64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
+  return t == lossfuse::DType::i64 ? read_as<std::int64_t>(p) : static_cast<std::int64_t>(load(t, p));
 }
 
 // Floating dtypes only (an integer dtype is left as it was: use store_int).
 inline void store(lossfuse::DType t, void* p, double v) {
   using lossfuse::DType;
   switch (t) {
-    case DType::f32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }
-    case DType::f64: std::memcpy(p, &v, 8); return;
-    case DType::f16: { const std::uint16_t b = lfref::double_to_f16_bits(v); std::memcpy(p, &b, 2); return; }
-    case DType::bf16: { const std::uint16_t b = lfref::double_to_bf16_bits(v); std::memcpy(p, &b, 2); return; }
+    case DType::f32: return write_as(p, static_cast<float>(v));
+    case DType::f64: return write_as(p, v);
+    case DType::f16: return write_as(p, lfref::double_to_f16_bits(v));
+    case DType::bf16: return write_as(p, lfref::double_to_bf16_bits(v));
     default: return;
   }
 }
 
-// Integer dtypes; a floating dtype gets the value converted.
+// Integer dtypes (wrapping like a C cast); a floating dtype gets the value converted.
 inline void store_int(lossfuse::DType t, void* p, std::int64_t v) {
   using lossfuse::DType;
   switch (t) {
-    case DType::u8: { const auto b = static_cast<std::uint8_t>(v); std::memcpy(p, &b, 1); return; }
-    case DType::i8: { const auto b = static_cast<std::int8_t>(v); std::memcpy(p, &b, 1); return; }
-    case DType::i16: { const auto b = static_cast<std::int16_t>(v); std::memcpy(p, &b, 2); return; }
-    case DType::i32: { const auto b = static_cast<std::int32_t>(v); std::memcpy(p, &b, 4); return; }
-    case DType::i64: std::memcpy(p, &v, 8); return;
-    default: store(t, p, static_cast<double>(v)); return;
+    case DType::u8: return write_as(p, static_cast<std::uint8_t>(v));
+    case DType::i8: return write_as(p, static_cast<std::int8_t>(v));
+    case DType::i16: return write_as(p, static_cast<std::int16_t>(v));
+    case DType::i32: return write_as(p, static_cast<std::int32_t>(v));
+    case DType::i64: return write_as(p, v);
+    default: return store(t, p, static_cast<double>(v));
   }
 }
 

@@ -27,8 +27,13 @@ struct Reference {
   double loss = 0;
 
   Reference()
-      : x(kRows * kHidden, 0.0f), w(kClasses * kHidden), target(kRows), lse(kHidden), p(kHidden * kClasses),
-        dx_row(kHidden * kHidden, 0.0), dw(kClasses * kHidden, 0.0) {
+      : x(kRows * kHidden, 0.0f),
+        w(kClasses * kHidden),
+        target(kRows),
+        lse(kHidden),
+        p(kHidden * kClasses),
+        dx_row(kHidden * kHidden, 0.0),
+        dw(kClasses * kHidden, 0.0) {
     for (std::int64_t c = 0; c < kClasses; ++c) {
       for (std::int64_t h = 0; h < kHidden; ++h) {
         w[c * kHidden + h] = static_cast<float>(3.0 * std::sin(0.37 * static_cast<double>(c) + 1.1 * h));

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "large/rotated_rows.hpp"
 #include "lossfuse/lossfuse.hpp"
 #include "reference/reference.hpp"
 
@@ -21,35 +22,23 @@ using lossfuse::TensorView;
 
 constexpr std::int64_t kRows = 16400;
 constexpr std::int64_t kCols = 131072;
-constexpr std::int64_t kShift = 13;
-
+// the input: row r is the base row rotated by 13 r (large/rotated_rows.hpp)
 struct Problem {
-  std::vector<double> base, target;                 // bf16 values, as doubles
+  lftest::RotatedRows input{
+      kRows, kCols, 13, {[](std::int64_t c) { return 2.0 * std::sin(0.29 * static_cast<double>(c)); }}};
+  std::vector<double> target;  // bf16 values, as doubles
   std::vector<std::uint16_t> target_bits;
-  std::unique_ptr<std::uint16_t[]> input{new std::uint16_t[kRows * kCols]};
 
-  Problem() : base(kCols), target(kCols), target_bits(kCols) {
-    std::vector<std::uint16_t> bits(kCols);
+  Problem() : target(kCols), target_bits(kCols) {
     for (std::int64_t c = 0; c < kCols; ++c) {
-      bits[c] = lfref::double_to_bf16_bits(2.0 * std::sin(0.29 * static_cast<double>(c)));
-      base[c] = lfref::bf16_bits_to_double(bits[c]);
       target_bits[c] = lfref::double_to_bf16_bits(std::cos(0.013 * static_cast<double>(c)));
       target[c] = lfref::bf16_bits_to_double(target_bits[c]);
     }
-    for (std::int64_t r = 0; r < kRows; ++r) {
-      const std::int64_t shift = (kShift * r) % kCols;
-      std::uint16_t* row = input.get() + r * kCols;
-      std::copy(bits.begin() + shift, bits.end(), row);
-      std::copy(bits.begin(), bits.begin() + shift, row + (kCols - shift));
-    }
   }
-  [[nodiscard]] double x(std::int64_t r, std::int64_t c) const { return base[(c + kShift * r) % kCols]; }
-  [[nodiscard]] TensorView input_view() const {
-    return TensorView::contiguous(input.get(), DType::bf16, {kRows, kCols});
-  }
+  [[nodiscard]] double x(std::int64_t r, std::int64_t c) const { return input.at(r, c); }
+  [[nodiscard]] TensorView input_view() const { return input.view(); }
   [[nodiscard]] TensorView target_view() const {  // one row, broadcast over the rows
-    TensorView t = TensorView::contiguous(const_cast<std::uint16_t*>(target_bits.data()), DType::bf16,
-                                          {kRows, kCols});
+    TensorView t = TensorView::contiguous(const_cast<std::uint16_t*>(target_bits.data()), DType::bf16, {kRows, kCols});
     t.strides[0] = 0;
     return t;
   }
