@@ -18,11 +18,16 @@ struct Problem {
   std::int64_t D1() const { return spatial ? D : 1; }
   // logical index of (row, class) in the logits' layout
   std::int64_t at(std::int64_t r, std::int64_t c) const { return ((r / D1()) * C + c) * D1() + r % D1(); }
-  std::vector<std::int64_t> shape() const { return spatial ? std::vector<std::int64_t>{N, C, D} : std::vector<std::int64_t>{N, C}; }
-  std::vector<std::int64_t> row_shape() const { return spatial ? std::vector<std::int64_t>{N, D} : std::vector<std::int64_t>{N}; }
+  std::vector<std::int64_t> shape() const {
+    return spatial ? std::vector<std::int64_t>{N, C, D} : std::vector<std::int64_t>{N, C};
+  }
+  std::vector<std::int64_t> row_shape() const {
+    return spatial ? std::vector<std::int64_t>{N, D} : std::vector<std::int64_t>{N};
+  }
 };
 
-void check_grad(const Problem& pb, DType dt, const Buf& g, const std::vector<double>& want, const std::vector<double>& tol) {
+void check_grad(const Problem& pb, DType dt, const Buf& g, const std::vector<double>& want,
+                const std::vector<double>& tol) {
   for (std::int64_t r = 0; r < pb.rows(); ++r) {
     for (std::int64_t c = 0; c < pb.C; ++c) {
       const double w = want[r * pb.C + c];
@@ -48,9 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::int64_t R = pb.rows(), C = pb.C;
 
   const auto reduction = static_cast<lossfuse::Reduction>(b.below(4));  // 3: out of range
-  const std::int64_t ignore_index =
-      soft && !b.chance(4) ? -100 : b.pick({std::int64_t{-100}, std::int64_t{0}, C - 1, C, std::int64_t{-1},
-                                           std::int64_t{255}, std::int64_t{1} << 40});
+  const std::int64_t ignore_index = soft && !b.chance(4)
+                                        ? -100
+                                        : b.pick({std::int64_t{-100}, std::int64_t{0}, C - 1, C, std::int64_t{-1},
+                                                  std::int64_t{255}, std::int64_t{1} << 40});
   const double label_smoothing = nll ? 0.0 : b.pick({0.0, 0.0, 0.1, 1.0, -0.1, 1.5, kNaN, kInf});
   const double logit_scale = nll ? 1.0 : b.pick({1.0, 1.0, 0.5, -2.0, 0.0, kNaN, kInf});
   const double softcap = nll ? 0.0 : b.pick({0.0, 0.0, 5.0, 0.5, -1.0, kNaN, kInf});
@@ -115,7 +121,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!soft && has_weight && reduction == lossfuse::Reduction::mean) {
     double sum = 0;
     for (std::int64_t r = 0; r < R; ++r) {
-      if (classes[r] != ignore_index && classes[r] >= 0 && classes[r] < C) sum += wv[classes[r]], cancelling |= wv[classes[r]] != 0;
+      if (classes[r] != ignore_index && classes[r] >= 0 && classes[r] < C)
+        sum += wv[classes[r]], cancelling |= wv[classes[r]] != 0;
     }
     cancelling &= sum == 0;
   }
@@ -146,8 +153,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (has_weight) ce.weight = nl.weight = weight.view;
   if (verbose) {
     trace("mode %d dtype %s soft %d reduction %d ignore %lld eps %g scale %g softcap %g zls %g valid %d checked %d\n",
-          mode, lossfuse::dtype_name(dt).data(), soft, static_cast<int>(reduction), static_cast<long long>(ignore_index),
-          label_smoothing, logit_scale, softcap, z_loss_scale, valid, checked);
+          mode, lossfuse::dtype_name(dt).data(), soft, static_cast<int>(reduction),
+          static_cast<long long>(ignore_index), label_smoothing, logit_scale, softcap, z_loss_scale, valid, checked);
     show("logits", x), show("target", target);
     if (has_weight) show("weight", weight);
   }
@@ -190,7 +197,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         for (std::int64_t r = 0; r < R; ++r) expect_close(loss.get(r), rl[r], 2 * u * std::fabs(rl[r]), "nll row loss");
       } else {
         const double want = reduction == lossfuse::Reduction::mean ? sum / wsum : sum;
-        const double t = reduction == lossfuse::Reduction::mean ? tol / std::fabs(wsum) + 4 * u * (R + 1) * std::fabs(want) : tol;
+        const double t =
+            reduction == lossfuse::Reduction::mean ? tol / std::fabs(wsum) + 4 * u * (R + 1) * std::fabs(want) : tol;
         expect_close(loss.get(0), want, std::isfinite(t) ? t : 0.0, "nll loss");
       }
     } else {
@@ -206,7 +214,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (mode != 1) {
     if (none) {
-      for (std::int64_t r = 0; r < R; ++r) expect_close(loss.get(r), ref.row_loss[r], ref.row_loss_tol[r] + 1e-6, "row loss");
+      for (std::int64_t r = 0; r < R; ++r)
+        expect_close(loss.get(r), ref.row_loss[r], ref.row_loss_tol[r] + 1e-6, "row loss");
     } else {
       expect_close(loss.get(0), ref.loss, ref.loss_tol + 1e-6, "reduced loss");
     }

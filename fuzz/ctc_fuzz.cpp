@@ -29,8 +29,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static constexpr double kValues[] = {0.0, -0.5, -1.0, -2.25, -7.0, -30.0, 0.5, -0.1, -kInf, kNaN};
   const std::vector<double> lpv = lp.fill([&](std::int64_t) { return b.pick(kValues); });
   Buf il(b.pick(kInts), {N}, &b, true), tl(b.pick(kInts), {N}, &b, true);
-  const std::vector<double> ilv = il.fill([&](std::int64_t) { return static_cast<double>(b.below(T + 2) - (b.chance(8) ? 1 : 0)); });
-  const std::vector<double> tlv = tl.fill([&](std::int64_t) { return static_cast<double>(b.below(S + 2) - (b.chance(8) ? 1 : 0)); });
+  const std::vector<double> ilv =
+      il.fill([&](std::int64_t) { return static_cast<double>(b.below(T + 2) - (b.chance(8) ? 1 : 0)); });
+  const std::vector<double> tlv =
+      tl.fill([&](std::int64_t) { return static_cast<double>(b.below(S + 2) - (b.chance(8) ? 1 : 0)); });
   std::int64_t total = 0;
   for (std::int64_t n = 0; n < N; ++n) {
     valid &= ilv[n] >= 0 && ilv[n] <= T && tlv[n] >= 0 && (!padded || tlv[n] <= S);
@@ -68,7 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Buf gl;
   std::vector<double> glv;
   const bool has_gl = backward && b.chance(2);
-  if (has_gl) gl = Buf(acc, loss_shape, &b, true), glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5}); });
+  if (has_gl)
+    gl = Buf(acc, loss_shape, &b, true), glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5}); });
   if (bad == 0 && backward && T * N * C > 0) grad.view = lp.view, valid = false;
 
   if (verbose) {
@@ -106,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool zeroed = o.zero_infinity && std::isinf(r.nll);
     const double loss_n = zeroed ? 0.0 : r.nll;
     const double tol_n = 64 * u * static_cast<double>(T + 2) * (std::fabs(std::isfinite(r.nll) ? r.nll : 0.0) + 1);
-    const double scale = reduction == Reduction::mean ? 1.0 / std::max<double>(1.0, static_cast<double>(labels[n].size())) : 1.0;
+    const double scale =
+        reduction == Reduction::mean ? 1.0 / std::max<double>(1.0, static_cast<double>(labels[n].size())) : 1.0;
     if (!backward) {
       if (want_nll) expect_close(nll.get(n), r.nll, tol_n, "negative log-likelihood");
       if (none) expect_close(loss.get(n), loss_n, tol_n, "sample loss");
@@ -119,13 +123,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::int64_t c = 0; c < C; ++c) {
         const double want = zeroed ? 0.0 : g * r.grad[t * C + c];
         const double e = (1 + std::exp(lp_n[t * C + c])) * std::fabs(g);
-        expect_stored(dt, grad.get((t * N + n) * C + c), want, 64 * u * static_cast<double>(T + 2) * (std::fabs(loss_n) + 1) * e, "gradient");
+        expect_stored(dt, grad.get((t * N + n) * C + c), want,
+                      64 * u * static_cast<double>(T + 2) * (std::fabs(loss_n) + 1) * e, "gradient");
       }
     }
   }
   if (!backward && !none) {
     const double want = reduction == Reduction::mean ? sum / static_cast<double>(N) : sum;
-    expect_close(loss.get(0), want, reduction == Reduction::mean ? sum_tol / static_cast<double>(N) : sum_tol, "reduced loss");
+    expect_close(loss.get(0), want, reduction == Reduction::mean ? sum_tol / static_cast<double>(N) : sum_tol,
+                 "reduced loss");
   }
   return 0;
 }

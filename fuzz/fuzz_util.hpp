@@ -15,8 +15,8 @@
 #include <initializer_list>
 #include <vector>
 
-#include "lossfuse/lossfuse.hpp"
 #include "dtype_io.hpp"
+#include "lossfuse/lossfuse.hpp"
 #include "reference/reference.hpp"
 
 namespace lffuzz {
@@ -39,11 +39,13 @@ struct Bytes {
     --n;
     return *p++;
   }
-  bool chance(int one_in) { return next() % one_in == 0; }  // true past the end
+  bool chance(int one_in) { return next() % one_in == 0; }           // true past the end
   bool rarely(int one_in) { return next() % one_in == one_in - 1; }  // false past the end: for broken arguments
   std::int64_t below(std::int64_t k) { return k <= 0 ? 0 : static_cast<std::int64_t>(next()) % k; }
   template <class T, std::size_t K>
-  T pick(const T (&table)[K]) { return table[next() % K]; }
+  T pick(const T (&table)[K]) {
+    return table[next() % K];
+  }
 };
 
 [[noreturn]] inline void fail(const char* what) {
@@ -53,7 +55,9 @@ struct Bytes {
 }
 
 inline std::size_t size_of(DType t) { return lossfuse::dtype_size(t); }
-inline bool is_int(DType t) { return t == DType::u8 || t == DType::i8 || t == DType::i16 || t == DType::i32 || t == DType::i64; }
+inline bool is_int(DType t) {
+  return t == DType::u8 || t == DType::i8 || t == DType::i16 || t == DType::i32 || t == DType::i64;
+}
 // The unit roundoff of the arithmetic lossfuse uses for a floating dtype (16-bit dtypes compute in float32).
 inline double unit_of(DType t) { return t == DType::f64 ? 0x1p-53 : 0x1p-24; }
 // Half an ulp, relative, of the dtype a value is stored in.
@@ -156,8 +160,9 @@ inline void show(const char* name, const Buf& b) {
   trace("), strides (");
   for (int d = 0; d < v.ndim; ++d) trace("%s%lld", d ? ", " : "", static_cast<long long>(v.strides[d]));
   // sabotage()'s null or shifted pointer: no values
-  const bool readable = v.data != nullptr && (static_cast<const std::uint8_t*>(v.data) - b.bytes.data()) %
-                                                 static_cast<std::ptrdiff_t>(size_of(v.dtype)) == 0;
+  const bool readable =
+      v.data != nullptr &&
+      (static_cast<const std::uint8_t*>(v.data) - b.bytes.data()) % static_cast<std::ptrdiff_t>(size_of(v.dtype)) == 0;
   trace("):%s", readable ? "" : " (data null or misaligned)");
   for (std::int64_t i = 0; readable && i < std::min<std::int64_t>(b.numel, 64); ++i) {
     if (is_int(v.dtype)) {
@@ -189,8 +194,10 @@ struct Stats {
   std::uint64_t calls = 0, errors = 0, checked = 0;
   ~Stats() {
     if (std::getenv("LOSSFUSE_FUZZ_STATS") != nullptr) {
-      std::fprintf(stderr, "lossfuse-fuzz: %llu calls, %llu rejected with lossfuse::Error, %llu checked against the "
-                   "reference\n", static_cast<unsigned long long>(calls), static_cast<unsigned long long>(errors),
+      std::fprintf(stderr,
+                   "lossfuse-fuzz: %llu calls, %llu rejected with lossfuse::Error, %llu checked against the "
+                   "reference\n",
+                   static_cast<unsigned long long>(calls), static_cast<unsigned long long>(errors),
                    static_cast<unsigned long long>(checked));
     }
   }

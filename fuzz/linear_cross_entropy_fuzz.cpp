@@ -61,7 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // operands; values whose products and sums of up to 6 terms are exact in every dtype, and now and then inf or NaN
   static constexpr double kValues[] = {0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -1.5, 0.25};
   const bool sprinkle = b.rarely(8);  // some inf and NaN among the values
-  const auto value = [&](std::int64_t) { return sprinkle && b.chance(8) ? b.pick({kInf, -kInf, kNaN}) : b.pick(kValues); };
+  const auto value = [&](std::int64_t) {
+    return sprinkle && b.chance(8) ? b.pick({kInf, -kInf, kNaN}) : b.pick(kValues);
+  };
   const auto row_strided = [&](DType t, std::int64_t rows, std::int64_t cols) {
     // unit stride along H (the header's rule); rows padded or reversed
     Buf m(t, {rows, cols});
@@ -111,7 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const std::vector<double> glv = {b.pick({1.0, -2.0, 0.5})};
   const bool has_gl = mode == 2 && b.chance(2);
-  if (has_gl) in.grad_loss = ce.reduction == Reduction::none ? std::vector<double>(static_cast<std::size_t>(N), glv[0]) : glv;
+  if (has_gl)
+    in.grad_loss = ce.reduction == Reduction::none ? std::vector<double>(static_cast<std::size_t>(N), glv[0]) : glv;
   lfref::CeResult ref;
   if (checked) ref = lfref::cross_entropy(in);
 
@@ -125,25 +128,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Buf lse_in(DType::f64, {N}), gl(acc, loss_shape);
   lse_in.fill([&](std::int64_t r) { return r < static_cast<std::int64_t>(ref.lse.size()) ? ref.lse[r] : 0.0; });
   gl.fill([&](std::int64_t) { return glv[0]; });
-  lossfuse::LinearCrossEntropyGrads grads{gx.view, gw.view, has_bias ? std::optional<TensorView>(gb.view) : std::nullopt};
+  lossfuse::LinearCrossEntropyGrads grads{gx.view, gw.view,
+                                          has_bias ? std::optional<TensorView>(gb.view) : std::nullopt};
   if (bad == 1 && mode != 0 && N * H > 0) grads.x = x.view, valid = false;
   const std::optional<TensorView> bias_v = has_bias ? std::optional<TensorView>(bias.view) : std::nullopt;
 
   if (verbose) {
-    trace("dtype %s mode %d N %lld H %lld V %lld reduction %d ignore %lld eps %g scale %g softcap %g zls %g chunk %lld "
-          "tile %lld filter %g w_grad %s\n", lossfuse::dtype_name(dt).data(), mode, static_cast<long long>(N),
-          static_cast<long long>(H), static_cast<long long>(V), static_cast<int>(ce.reduction),
-          static_cast<long long>(ce.ignore_index), ce.label_smoothing, ce.logit_scale, ce.softcap, ce.z_loss_scale,
-          static_cast<long long>(o.chunk_rows), static_cast<long long>(o.vocab_tile), o.grad_filter,
-          lossfuse::dtype_name(w_grad_dt).data());
+    trace(
+        "dtype %s mode %d N %lld H %lld V %lld reduction %d ignore %lld eps %g scale %g softcap %g zls %g chunk %lld "
+        "tile %lld filter %g w_grad %s\n",
+        lossfuse::dtype_name(dt).data(), mode, static_cast<long long>(N), static_cast<long long>(H),
+        static_cast<long long>(V), static_cast<int>(ce.reduction), static_cast<long long>(ce.ignore_index),
+        ce.label_smoothing, ce.logit_scale, ce.softcap, ce.z_loss_scale, static_cast<long long>(o.chunk_rows),
+        static_cast<long long>(o.vocab_tile), o.grad_filter, lossfuse::dtype_name(w_grad_dt).data());
     show("x", x), show("W", w), show("target", target);
     if (has_bias) show("bias", bias);
     if (has_weight) show("class weight", wt);
   }
   const bool ok = attempt({&x, &w, &bias, &target, &wt, &loss, &lse, &gx, &gw, &gb}, [&] {
     switch (mode) {
-      case 0: lossfuse::linear_cross_entropy_forward(x.view, w.view, bias_v, target.view, o, {loss.view, lse.view, std::nullopt}); break;
-      case 1: lossfuse::linear_cross_entropy_forward(x.view, w.view, bias_v, target.view, o, {loss.view, lse.view, std::nullopt}, grads); break;
+      case 0:
+        lossfuse::linear_cross_entropy_forward(x.view, w.view, bias_v, target.view, o,
+                                               {loss.view, lse.view, std::nullopt});
+        break;
+      case 1:
+        lossfuse::linear_cross_entropy_forward(x.view, w.view, bias_v, target.view, o,
+                                               {loss.view, lse.view, std::nullopt}, grads);
+        break;
       default:
         lossfuse::linear_cross_entropy_backward(x.view, w.view, bias_v, target.view, lse_in.view,
                                                 has_gl ? std::optional<TensorView>(gl.view) : std::nullopt, o, grads);
@@ -156,7 +167,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ++stats.checked;
   if (mode != 2) {
     if (none) {
-      for (std::int64_t r = 0; r < N; ++r) expect_close(loss.get(r), ref.row_loss[r], ref.row_loss_tol[r] + 1e-6, "row loss");
+      for (std::int64_t r = 0; r < N; ++r)
+        expect_close(loss.get(r), ref.row_loss[r], ref.row_loss_tol[r] + 1e-6, "row loss");
     } else {
       expect_close(loss.get(0), ref.loss, ref.loss_tol + 1e-6, "reduced loss");
     }

@@ -62,7 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     valid &= bad != 0;
   } else if (k == Kind::multi || k == Kind::multilabel) {
     if (bad == 1) tdt = dt, valid = false;
-    t = Buf(tdt, k == Kind::multi ? std::vector<std::int64_t>{bad == 0 ? R + 1 : R} : (bad == 0 ? bad_shape : shape), &b, true);
+    t = Buf(tdt, k == Kind::multi ? std::vector<std::int64_t>{bad == 0 ? R + 1 : R} : (bad == 0 ? bad_shape : shape),
+            &b, true);
     tv = t.fill([&](std::int64_t) { return static_cast<double>(b.below(D + 3) - (k == Kind::multi ? 1 : 2)); });
     if (bad == 0) valid = false;
     if (bad != 1 && bad != 0) {
@@ -87,7 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Buf gl;
   std::vector<double> glv;
   const bool has_gl = backward && b.chance(2);
-  if (has_gl) gl = Buf(acc, loss_shape, &b, true), glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5}); });
+  if (has_gl)
+    gl = Buf(acc, loss_shape, &b, true), glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5}); });
   Buf g[3];
   bool want[3] = {false, false, false};
   for (int i = 0; i < n_in; ++i) g[i] = Buf::canary(dt, shape), want[i] = !b.chance(3);

@@ -76,30 +76,50 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Opts o;
   bool valid = reduction != static_cast<Reduction>(3);
   switch (k) {
-    case Kind::smooth_l1: o.param = b.pick({1.0, 0.0, 0.5, 2.0, -1.0, kNaN}); valid &= o.param >= 0; break;
-    case Kind::huber: o.param = b.pick({1.0, 0.5, 2.0, 0.0, -1.0, kNaN}); valid &= o.param > 0; break;
-    case Kind::poisson_nll: o.param = b.pick({1e-8, 0.25, kNaN, kInf}); valid &= std::isfinite(o.param); break;
-    case Kind::gaussian_nll: o.param = b.pick({1e-6, 0.5, kNaN, kInf}); valid &= std::isfinite(o.param); break;
-    case Kind::hinge: case Kind::ranking: o.param = b.pick({1.0, 0.5, -0.25, 0.0, kNaN, kInf}); valid &= std::isfinite(o.param); break;
+    case Kind::smooth_l1:
+      o.param = b.pick({1.0, 0.0, 0.5, 2.0, -1.0, kNaN});
+      valid &= o.param >= 0;
+      break;
+    case Kind::huber:
+      o.param = b.pick({1.0, 0.5, 2.0, 0.0, -1.0, kNaN});
+      valid &= o.param > 0;
+      break;
+    case Kind::poisson_nll:
+      o.param = b.pick({1e-8, 0.25, kNaN, kInf});
+      valid &= std::isfinite(o.param);
+      break;
+    case Kind::gaussian_nll:
+      o.param = b.pick({1e-6, 0.5, kNaN, kInf});
+      valid &= std::isfinite(o.param);
+      break;
+    case Kind::hinge:
+    case Kind::ranking:
+      o.param = b.pick({1.0, 0.5, -0.25, 0.0, kNaN, kInf});
+      valid &= std::isfinite(o.param);
+      break;
     default: break;
   }
   o.flag1 = b.chance(2), o.flag2 = b.chance(2);
   if (k == Kind::kl_div && o.flag1) valid &= reduction == Reduction::mean;  // batchmean
-  o.has_w = (k == Kind::mse || k == Kind::l1 || k == Kind::huber || k == Kind::bce || k == Kind::bce_with_logits) && b.chance(2);
+  o.has_w = (k == Kind::mse || k == Kind::l1 || k == Kind::huber || k == Kind::bce || k == Kind::bce_with_logits) &&
+            b.chance(2);
   o.has_z = k == Kind::gaussian_nll || k == Kind::ranking || (k == Kind::bce_with_logits && b.chance(2));
 
   // one bad argument, now and then
   const int bad = b.rarely(4) ? static_cast<int>(b.below(5)) : -1;  // 0 shape, 1 dtype, 2 loss dtype, 3 grad, 4 alias
   std::vector<std::int64_t> y_shape = shape;
   if (bad == 0) {
-    if (shape.empty()) y_shape.push_back(2); else y_shape.back() += 1;
+    if (shape.empty())
+      y_shape.push_back(2);
+    else
+      y_shape.back() += 1;
     valid = false;
   }
   const DType y_dt = bad == 1 ? (dt == DType::f32 ? DType::f64 : DType::f32) : dt;
   valid &= bad != 1;
 
-  static constexpr double kValues[] = {0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -3.5, 7.25, -20.0, 30.0, 0.1, 1e-3,
-                                       0.25, 0.75, kInf, -kInf, kNaN};
+  static constexpr double kValues[] = {0.0,  0.5, -0.5, 1.0,  -1.0, 2.0,  -3.5,  7.25, -20.0,
+                                       30.0, 0.1, 1e-3, 0.25, 0.75, kInf, -kInf, kNaN};
   Buf x(dt, shape, &b, true), y(y_dt, y_shape, &b, true), z, w;
   const auto value = [&](std::int64_t) { return b.pick(kValues); };
   std::vector<double> xv = x.fill(value), yv = y.fill(value), zv, wv;
@@ -241,7 +261,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         expect_close(loss.get(i), wi * el[i].l, 32 * u * std::fabs(wi) * el[i].ml + 1e-6, "element loss");
       }
     } else if (!(mean && denom == 0 && o.has_w)) {  // (a weighted mean over weights summing to 0: inf or NaN)
-      expect_close(loss.get(0), mean ? sum / denom : sum, mean ? sum_tol / std::fabs(denom) + 4 * u * std::fabs(sum / denom) : sum_tol, "reduced loss");
+      expect_close(loss.get(0), mean ? sum / denom : sum,
+                   mean ? sum_tol / std::fabs(denom) + 4 * u * std::fabs(sum / denom) : sum_tol, "reduced loss");
     }
     return 0;
   }
