@@ -4,6 +4,7 @@
 // (fuzz/fuzz_util.hpp) both use it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -39,8 +40,11 @@ inline double load(lossfuse::DType t, const void* p) {
   return 0;
 }
 
+// A floating dtype's value truncated toward 0; 0 for NaN and values beyond int64.
 inline std::int64_t load_int(lossfuse::DType t, const void* p) {
-  return t == lossfuse::DType::i64 ? read_as<std::int64_t>(p) : static_cast<std::int64_t>(load(t, p));
+  if (t == lossfuse::DType::i64) return read_as<std::int64_t>(p);
+  const double v = load(t, p);
+  return std::fabs(v) < 0x1p63 ? static_cast<std::int64_t>(v) : 0;
 }
 
 // Floating dtypes only (an integer dtype is left as it was: use store_int).

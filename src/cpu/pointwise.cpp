@@ -388,7 +388,7 @@ struct SoftplusProductSum {
 
 // The vector part [0, n) of one tile (n a multiple of the lane count) when every operand present is contiguous
 // along the row and there is no weight: the general loop's per-vector tests of stride, weight and mode are hoisted
-// out, leaving the loads, the formula and the store or sum. x..gz point at the tile's first element.
+// out, leaving the loads, the formula and the store or sum. x..gz point at the block's first element.
 template <class Loss, class T, class Acc, class D>
 HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>& k, std::int64_t n, const T* x,
                                const T* y, const T* z, T* gx, T* gy, T* gz, const Acc* go, Acc* rows,
@@ -635,9 +635,9 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
       }
       i = i0 + n;
     } else if (vec_ok) {
-      for (; i + N <= i1; i += N) {
+      for (std::int64_t left = kChain; i + N <= i1; i += N) {
         const std::int64_t j = i - i0;
-        if (j % (kChain * N) == 0) flush();
+        if (left-- == 0) flush(), left = kChain - 1;
         const V x = vload(X, core::kPwX, o.v[core::kPwX] + j * s[core::kPwX]);
         const V y = vload(Y, core::kPwY, o.v[core::kPwY] + j * s[core::kPwY]);
         const V z = Z != nullptr ? vload(Z, core::kPwZ, o.v[core::kPwZ] + j * s[core::kPwZ]) : hn::Zero(d);

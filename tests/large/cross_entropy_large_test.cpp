@@ -1,9 +1,9 @@
 // Sizes past 2^31 elements: cross-entropy forward, backward from the saved lse and fused forward+backward in
 // bfloat16 on (16400, 131072) logits, 2^31 + 2^21 elements (4.3 GB; 8.6 GB with the gradient; the ctest runs these
 // one at a time). Row r is base row r % 3 rotated by 13 r (large/rotated_rows.hpp), so the float64 reference of
-// every loss, lse, their sum and every gradient element is cheap, and the three bases' log-sum-exps differ: a
-// kernel whose offsets wrap at 32 bits reads or writes rows of another base from row 16384 on and fails (the
-// mutation is in the issue 34 note).
+// every loss, lse, their sum and every gradient element is cheap, and the three bases' log-sum-exps differ, so a
+// kernel that reads another row's lse fails. A kernel whose element offsets are 32-bit overflows from row 16384 on
+// and crashes or fails (the mutation is in docs/hardening.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,7 +1,8 @@
 // A (rows, cols) bfloat16 matrix of more than 2^31 elements whose float64 reference stays cheap: row r holds base
 // row r % K rotated left by shift * r, so a quantity of a row that ignores the order of its elements (a log-sum-exp,
-// a sum) is computed once per base. With K > 1 and rows past 2^31 / cols, an offset that wraps at 32 bits reads a
-// row of another base, which changes those quantities too.
+// a sum) is computed once per base, and every element is still checkable. With K > 1 neighbouring rows differ in
+// those quantities too, so a kernel that takes them from the wrong row fails. (An int32 element offset overflows at
+// row 2^31 / cols into a negative offset, far outside the buffer: a crash or wrong values, whatever K is.)
 #pragma once
 
 #include <algorithm>
