@@ -5,7 +5,7 @@ set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in cmake g++ make libhwy-dev libgtest-dev libdnnl-dev clang libclang-rt-14-dev libomp-dev; do
+for pkg in cmake g++ make libhwy-dev libgtest-dev libdnnl-dev clang libclang-rt-14-dev libomp-dev ccache; do
   have_pkg "$pkg" || need+=("$pkg")
 done
 

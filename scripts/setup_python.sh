@@ -11,11 +11,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-NEEDED="torch, numpy, pytest, hypothesis, expecttest, scikit_build_core, transformers, matplotlib"
+NEEDED="torch, numpy, pytest, xdist, hypothesis, expecttest, scikit_build_core, transformers, matplotlib"
 if ! "$PY" -c "import $NEEDED" 2>/dev/null; then
   echo "setup_python: installing torch, the test tools, transformers and matplotlib from PyPI"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "torch>=2.10" numpy pytest hypothesis expecttest "scikit-build-core>=0.10" \
+  "$PY" -m pip install -q "torch>=2.10" numpy pytest pytest-xdist hypothesis expecttest "scikit-build-core>=0.10" \
     "transformers>=4.51" matplotlib
 fi
 echo "setup_python: building the lossfuse package"

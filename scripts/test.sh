@@ -27,13 +27,15 @@ install_consumer() {
 }
 
 stage setup scripts/setup.sh
+# a compiler cache: the Python package's build takes the library's objects from the release build's
+command -v ccache >/dev/null && export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
 stage release-configure quiet cmake --preset release
 stage release-build cmake --build --preset release -j "$jobs"
 stage release-ctest ctest --preset release -j "$jobs"
 stage install-consumer install_consumer
 
 stage python-setup scripts/setup_python.sh
-stage pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+stage pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider -n "$jobs"  # pytest-xdist: a worker a core
 
 if [ "${1:-}" != "--fast" ]; then
   stage asan-configure quiet cmake --preset asan

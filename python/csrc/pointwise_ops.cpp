@@ -1,11 +1,13 @@
 // The elementwise losses as torch ops: mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div,
-// hinge_embedding_loss, margin_ranking_loss, each with a backward op that writes only the gradients its
-// output_mask asks for (the others come back as empty (0,) tensors).
+// hinge_embedding_loss, margin_ranking_loss, binary_cross_entropy, binary_cross_entropy_with_logits,
+// poisson_nll_loss, gaussian_nll_loss, each with a backward op that writes only the gradients its output_mask asks
+// for (the others come back as empty (0,) tensors).
 //
 // The operands reach the ops already promoted to one floating dtype and broadcast to one shape (expanded views
-// with stride 0 where torch broadcasts); the Python side does both, so that autograd sums the gradients of
-// broadcast operands back to their shapes.
+// with stride 0 where torch broadcasts: a target, weight, pos_weight or var); the Python side does both, so that
+// autograd sums the gradients of broadcast operands back to their shapes.
 #include <array>
+#include <string>
 #include <tuple>
 
 #include "binding.hpp"
@@ -14,7 +16,7 @@
 namespace lossfuse::torch_binding {
 namespace {
 
-// ---- helpers for any elementwise loss (shareable) ---------------------------------------------------------------
+// ---- helpers for any elementwise loss ------------------------------------------------------------------
 
 // Runs `kernel(grads)` with new gradient tensors for the operands the mask asks for (each of its operand's shape
 // and dtype, contiguous) and empty (0,) tensors for the others.
@@ -221,6 +223,159 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> margin_ranking_loss_backward(
   return {g[0], g[1], g[2]};
 }
 
+// Runs a bce kernel. torch raises RuntimeError for an input outside [0, 1] ("all elements of input should be
+// between 0 and 1"), where lossfuse's invalid_value would become a ValueError: that one error is raised as a
+// RuntimeError with lossfuse's message (naming the first bad element); every other error goes to `guarded`.
+template <class F>
+void bce_kernel(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::invalid_value && e.argument() == "input") TORCH_CHECK(false, e.what());
+    throw;
+  }
+}
+
+// torch (2.15) also requires every target element in [0, 1] (nan is out) in the forward, after the input's check;
+// lossfuse's bce kernels leave the target's range to the caller. One vectorized min/max pass (nan propagates into
+// both); only on failure is the first bad element looked for, to name its position and value.
+void check_bce_target(const at::Tensor& target) {
+  if (target.numel() == 0) return;
+  const auto [lo, hi] = at::aminmax(target);
+  if (lo.item<double>() >= 0.0 && hi.item<double>() <= 1.0) return;
+  const at::Tensor bad = (target.lt(0) | target.gt(1) | target.isnan()).flatten().nonzero();
+  const std::int64_t first = bad[0].item<std::int64_t>();
+  std::string position = "[";
+  std::int64_t rest = first;
+  for (std::int64_t d = target.dim() - 1, i = 0; d >= 0; --d, ++i) {
+    position.insert(1, std::to_string(rest % target.size(d)) + (i ? ", " : ""));
+    rest /= target.size(d);
+  }
+  TORCH_CHECK(false, "lossfuse: target: expected every element in [0, 1] (all elements of target should be between ",
+              "0 and 1), got ", target.flatten()[first].item<double>(), " at position ", position, "]");
+}
+
+// ---- binary_cross_entropy -------------------------------------------------------------------------------------
+
+BceOptions bce_options(const std::optional<at::Tensor>& weight, std::int64_t red) {
+  BceOptions o;
+  o.reduction = reduction(red);
+  o.weight = view(weight, "weight");
+  return o;
+}
+
+at::Tensor binary_cross_entropy(const at::Tensor& input, const at::Tensor& target,
+                                const std::optional<at::Tensor>& weight, std::int64_t red) {
+  return run_forward(input, red, [&](const TensorView& loss) {
+    bce_kernel([&] { bce_forward(view(input, "input"), view(target, "target"), bce_options(weight, red), loss); });
+    check_bce_target(target);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> binary_cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                                                 const at::Tensor& target,
+                                                                 const std::optional<at::Tensor>& weight,
+                                                                 std::int64_t red, std::array<bool, 2> output_mask) {
+  const at::Tensor go = acc_grad_output(grad_output, input);
+  return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
+    bce_kernel([&] {
+      bce_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"), bce_options(weight, red),
+                   grads);
+    });
+  });
+}
+
+// ---- binary_cross_entropy_with_logits -------------------------------------------------------------------------
+
+BceWithLogitsOptions bce_logits_options(const std::optional<at::Tensor>& weight,
+                                        const std::optional<at::Tensor>& pos_weight, std::int64_t red) {
+  BceWithLogitsOptions o;
+  o.reduction = reduction(red);
+  o.weight = view(weight, "weight");
+  o.pos_weight = view(pos_weight, "pos_weight");
+  return o;
+}
+
+at::Tensor binary_cross_entropy_with_logits(const at::Tensor& input, const at::Tensor& target,
+                                            const std::optional<at::Tensor>& weight,
+                                            const std::optional<at::Tensor>& pos_weight, std::int64_t red) {
+  return run_forward(input, red, [&](const TensorView& loss) {
+    bce_with_logits_forward(view(input, "input"), view(target, "target"), bce_logits_options(weight, pos_weight, red),
+                            loss);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> binary_cross_entropy_with_logits_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& pos_weight, std::int64_t red,
+    std::array<bool, 2> output_mask) {
+  const at::Tensor go = acc_grad_output(grad_output, input);
+  return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
+    bce_with_logits_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
+                             bce_logits_options(weight, pos_weight, red), grads);
+  });
+}
+
+// ---- poisson_nll_loss -----------------------------------------------------------------------------------------
+
+PoissonNllOptions poisson_options(bool log_input, bool full, double eps, std::int64_t red) {
+  PoissonNllOptions o;
+  o.reduction = reduction(red);
+  o.log_input = log_input;
+  o.full = full;
+  o.eps = eps;
+  return o;
+}
+
+at::Tensor poisson_nll_loss(const at::Tensor& input, const at::Tensor& target, bool log_input, bool full, double eps,
+                            std::int64_t red) {
+  return run_forward(input, red, [&](const TensorView& loss) {
+    poisson_nll_forward(view(input, "input"), view(target, "target"), poisson_options(log_input, full, eps, red), loss);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> poisson_nll_loss_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                                             const at::Tensor& target, bool log_input, bool full,
+                                                             double eps, std::int64_t red,
+                                                             std::array<bool, 2> output_mask) {
+  const at::Tensor go = acc_grad_output(grad_output, input);
+  return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
+    poisson_nll_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
+                         poisson_options(log_input, full, eps, red), grads);
+  });
+}
+
+// ---- gaussian_nll_loss ----------------------------------------------------------------------------------------
+
+GaussianNllOptions gaussian_options(bool full, double eps, std::int64_t red) {
+  GaussianNllOptions o;
+  o.reduction = reduction(red);
+  o.full = full;
+  o.eps = eps;
+  return o;
+}
+
+at::Tensor gaussian_nll_loss(const at::Tensor& input, const at::Tensor& target, const at::Tensor& var, bool full,
+                             double eps, std::int64_t red) {
+  return run_forward(input, red, [&](const TensorView& loss) {
+    gaussian_nll_forward(view(input, "input"), view(target, "target"), view(var, "var"),
+                         gaussian_options(full, eps, red), loss);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gaussian_nll_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& target, const at::Tensor& var, bool full,
+    double eps, std::int64_t red, std::array<bool, 3> output_mask) {
+  const at::Tensor go = acc_grad_output(grad_output, input);
+  auto g = run_backward<3>({&input, &target, &var}, {"grad_input", "grad_target", "grad_var"}, output_mask,
+                           [&](const std::array<std::optional<TensorView>, 3>& v) {
+                             gaussian_nll_backward(view(input, "input"), view(target, "target"), view(var, "var"),
+                                                   view(go, "grad_output"), gaussian_options(full, eps, red),
+                                                   PointwiseGrads{v[0], v[1], v[2]});
+                           });
+  return {g[0], g[1], g[2]};
+}
+
 }  // namespace
 }  // namespace lossfuse::torch_binding
 
@@ -253,6 +408,24 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "margin_ranking_loss_backward(Tensor grad_output, Tensor input1, Tensor input2, Tensor target, float margin, "
       "int reduction, bool[3] output_mask) -> (Tensor grad_input1, Tensor grad_input2, Tensor grad_target)");
+  m.def("binary_cross_entropy(Tensor input, Tensor target, Tensor? weight, int reduction) -> Tensor");
+  m.def(
+      "binary_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
+      "bool[2] output_mask) -> (Tensor grad_input, Tensor grad_target)");
+  m.def(
+      "binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight, Tensor? pos_weight, "
+      "int reduction) -> Tensor");
+  m.def(
+      "binary_cross_entropy_with_logits_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, "
+      "Tensor? pos_weight, int reduction, bool[2] output_mask) -> (Tensor grad_input, Tensor grad_target)");
+  m.def("poisson_nll_loss(Tensor input, Tensor target, bool log_input, bool full, float eps, int reduction) -> Tensor");
+  m.def(
+      "poisson_nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, bool log_input, bool full, "
+      "float eps, int reduction, bool[2] output_mask) -> (Tensor grad_input, Tensor grad_target)");
+  m.def("gaussian_nll_loss(Tensor input, Tensor target, Tensor var, bool full, float eps, int reduction) -> Tensor");
+  m.def(
+      "gaussian_nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor var, bool full, float eps, "
+      "int reduction, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_target, Tensor grad_var)");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
@@ -271,4 +444,12 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
   m.impl("hinge_embedding_loss_backward", &hinge_embedding_loss_backward);
   m.impl("margin_ranking_loss", &margin_ranking_loss);
   m.impl("margin_ranking_loss_backward", &margin_ranking_loss_backward);
+  m.impl("binary_cross_entropy", &binary_cross_entropy);
+  m.impl("binary_cross_entropy_backward", &binary_cross_entropy_backward);
+  m.impl("binary_cross_entropy_with_logits", &binary_cross_entropy_with_logits);
+  m.impl("binary_cross_entropy_with_logits_backward", &binary_cross_entropy_with_logits_backward);
+  m.impl("poisson_nll_loss", &poisson_nll_loss);
+  m.impl("poisson_nll_loss_backward", &poisson_nll_loss_backward);
+  m.impl("gaussian_nll_loss", &gaussian_nll_loss);
+  m.impl("gaussian_nll_loss_backward", &gaussian_nll_loss_backward);
 }

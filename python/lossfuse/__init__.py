@@ -13,7 +13,7 @@ import collections as _collections
 import torch as _torch
 
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
-from . import _cross_entropy, _pointwise, _likelihood, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
+from . import _cross_entropy, _pointwise, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
 from . import nn
 from . import distributed
 from ._args import ArgumentError

@@ -4,7 +4,7 @@
 // for e^r (1 + r (1 + r P(r))), and a multiply by 2^n built in the exponent bits (NaN stays NaN).
 // Valid range: x <= 88.3 (the kernels call it on z - max or z - lse, which are <= ~0). Below -87.3 the result
 // is exactly 0 (true value < 1.2e-38, lost against the >= 1 sums it joins); -inf gives 0; NaN gives NaN.
-// Max error: 2 ulp over [-87.3, 88.3] (swept by tests/cpu/exp_test.cpp). On AVX-512 targets a 16-entry table
+// Max error: 2 ulp over [-87.3, 88.3] (swept by tests/cpu/hwy_exp_test.cpp). On AVX-512 targets a 16-entry table
 // of 2^(j/16) and a degree-3 polynomial instead (avx3::ExpTable: same contract, 3 multiply-adds fewer).
 // float64: hwy::Exp (1 ulp over [-DBL_MAX, 706]), with NaN kept NaN.
 
@@ -219,7 +219,7 @@ HWY_INLINE hn::Vec<D> ExpAny(D d, hn::Vec<D> a) {
 // log for x > 0 and finite (subnormals included; the callers map 0, negatives, inf and NaN themselves).
 // float32 on AVX-512: the table above. Elsewhere: x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1, log(1 + f) = f - f^2/2 + f^3 P(f) with the
 // degree-8 polynomial of Cephes' logf, e ln2 added in two parts. No division. Max error: 2 ulp (swept by
-// tests/cpu/exp_test.cpp). float64: hwy::Log.
+// tests/cpu/hwy_exp_test.cpp). float64: hwy::Log.
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastLogPositive(D d, hn::Vec<D> x) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
@@ -257,7 +257,7 @@ HWY_INLINE hn::Vec<D> FastLogPositive(D d, hn::Vec<D> x) {
 }
 
 // log1p for a > -1 and finite: log(u) + (a - (u - 1)) / u with u = 1 + a rounded (the correction restores what
-// the rounding of u lost). Max error: 2 ulp (swept by tests/cpu/exp_test.cpp).
+// the rounding of u lost). Max error: 2 ulp (swept by tests/cpu/hwy_exp_test.cpp).
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastLog1pPositive(D d, hn::Vec<D> a) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
@@ -282,7 +282,7 @@ HWY_INLINE hn::Vec<D> FastLog1pPositive(D d, hn::Vec<D> a) {
 // log1p for t in [0, 1] (softplus's log1p(e^-|a|)): float32 by one polynomial, no reduction: t + t^2 Q(t), Q of
 // degree 8 fitted for least relative error on [0, 1] (0.2 ulp before rounding; t^2 Q is at most 0.44 of the
 // result, so the evaluation's roundings stay small). Max error: 1 ulp with FMA, 2 on targets without (swept by
-// tests/cpu/exp_test.cpp).
+// tests/cpu/hwy_exp_test.cpp).
 // float64: FastLog1pPositive.
 template <class D, HWY_IF_FLOAT(hn::TFromD<D>)>
 HWY_INLINE hn::Vec<D> FastLog1pUnit(D d, hn::Vec<D> t) {
