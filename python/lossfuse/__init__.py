@@ -13,7 +13,8 @@ import collections as _collections
 import torch as _torch
 
 from . import _library  # noqa: F401  (loads the kernels before anything registers against them)
-from . import _cross_entropy, _pointwise, _margin, _ctc, _linear  # noqa: F401  (fake and autograd registrations)
+# the family modules register their ops' fakes and autograd on import
+from . import _cross_entropy, _pointwise, _margin, _ctc, _linear_cross_entropy  # noqa: F401
 from . import nn
 from . import distributed
 from ._args import ArgumentError

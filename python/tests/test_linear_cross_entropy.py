@@ -136,7 +136,7 @@ def test_module_base_for_torch_without_linear_cross_entropy_loss():
     """torch < 2.13 has no torch.nn.LinearCrossEntropyLoss; lossfuse's module then derives from its own base, which
     must build the classifier as torch's module does: the same parameters from the same seed, state_dict keys,
     attributes, argument checks, and (through lossfuse's forward) the loss of cross_entropy(linear(x), t)."""
-    from lossfuse._linear import _LinearCrossEntropyModule
+    from lossfuse._linear_cross_entropy import _LinearCrossEntropyModule
     x, _, _, t = make(40, 12, 15, torch.float64, seed=11)
     t = t.view(40, 1).expand(40, 3).clamp(min=0) % 5  # out_features (3,): 5 classes per position
     kwargs = dict(out_features=(3,), bias=True, dtype=torch.float64, reduction="sum", label_smoothing=0.1)

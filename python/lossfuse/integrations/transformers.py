@@ -25,7 +25,7 @@ import types
 
 import torch
 
-from .._linear import linear_cross_entropy
+from .._linear_cross_entropy import linear_cross_entropy
 
 
 def _plain(model):
