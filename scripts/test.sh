@@ -26,8 +26,15 @@ install_consumer() {
   build/example/cross_entropy_example
 }
 
+# a pytest-xdist worker per core; test_large.py (8.6 GB) afterwards, alone, as ctest runs its 2^31 tests
+run_pytest() {
+  .venv/bin/python -m pytest python/tests -q -p no:cacheprovider -n "$jobs" --ignore=python/tests/test_large.py
+  .venv/bin/python -m pytest python/tests/test_large.py -q -p no:cacheprovider
+}
+
 stage setup scripts/setup.sh
-# a compiler cache: the Python package's build takes the library's objects from the release build's
+# a compiler cache, so the Python package's build takes the library's objects from the release build's (read by
+# CMake when it first configures a build tree: a fresh clone, as CI's)
 command -v ccache >/dev/null && export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
 stage release-configure quiet cmake --preset release
 stage release-build cmake --build --preset release -j "$jobs"
@@ -35,7 +42,7 @@ stage release-ctest ctest --preset release -j "$jobs"
 stage install-consumer install_consumer
 
 stage python-setup scripts/setup_python.sh
-stage pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider -n "$jobs"  # pytest-xdist: a worker a core
+stage pytest run_pytest
 
 if [ "${1:-}" != "--fast" ]; then
   stage asan-configure quiet cmake --preset asan
