@@ -138,7 +138,7 @@ struct Buf {
       }
     }
     std::vector<double> v(static_cast<std::size_t>(numel));
-    for (std::int64_t i = 0; i < numel; ++i) v[i] = is_int(view.dtype) ? static_cast<double>(get_int(i)) : get(i);
+    for (std::int64_t i = 0; i < numel; ++i) v[i] = get(i);  // load() reads integer dtypes too
     return v;
   }
 };
