@@ -34,8 +34,10 @@ run_pytest() {
 
 stage setup scripts/setup.sh
 # a compiler cache, so the Python package's build takes the library's objects from the release build's (read by
-# CMake when it first configures a build tree: a fresh clone, as CI's)
+# CMake when it first configures a build tree: a fresh clone, as CI's). ccache keys on the compiler's name too:
+# both builds name it g++ (CMake would call it c++ in one and g++ in the other)
 command -v ccache >/dev/null && export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+export CXX=${CXX:-g++}
 stage release-configure quiet cmake --preset release
 stage release-build cmake --build --preset release -j "$jobs"
 stage release-ctest ctest --preset release -j "$jobs"
