@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=$(nproc)
+# Every stage runs a process per core; OpenMP's threads (the library's, torch's) spinning between parallel regions
+# took the cores from each other: pytest ran twice as long, one C++ test 15 times (tests/CMakeLists.txt)
+export OMP_WAIT_POLICY=passive
 stage() {
   local name=$1 t0=$SECONDS
   shift
@@ -33,6 +36,15 @@ run_pytest() {
 }
 
 stage setup scripts/setup.sh
+# The Python environment (torch and the test tools from PyPI: mostly download and unpacking) is made while the
+# release build compiles; the python-setup stage waits for it, then builds the package.
+mkdir -p build
+scripts/setup_python.sh --deps >build/python-deps.log 2>&1 &
+python_deps=$!
+python_setup() {
+  wait "$python_deps" || { cat build/python-deps.log; return 1; }
+  scripts/setup_python.sh
+}
 # a compiler cache, so the Python package's build takes the library's objects from the release build's (read by
 # CMake when it first configures a build tree: a fresh clone, as CI's). ccache keys on the compiler's name too:
 # both builds name it g++ (CMake would call it c++ in one and g++ in the other)
@@ -43,7 +55,7 @@ stage release-build cmake --build --preset release -j "$jobs"
 stage release-ctest ctest --preset release -j "$jobs"
 stage install-consumer install_consumer
 
-stage python-setup scripts/setup_python.sh
+stage python-setup python_setup
 stage pytest run_pytest
 
 if [ "${1:-}" != "--fast" ]; then

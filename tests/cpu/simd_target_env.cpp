@@ -1,5 +1,5 @@
 // Linked into every test executable: when LOSSFUSE_TEST_TARGET names a Highway target (AVX3, AVX2, SSE4,
-// SSSE3, SCALAR, ...), the executable runs on that target only, so ctest checks every dispatch path against
+// SCALAR, ...), the executable runs on that target only, so ctest checks every dispatch path against
 // the reference, not only the best one this CPU has.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
