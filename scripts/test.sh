@@ -39,8 +39,9 @@ stage setup scripts/setup.sh
 # The Python environment (torch and the test tools from PyPI: mostly download and unpacking) is made while the
 # release build compiles; the python-setup stage waits for it, then builds the package.
 mkdir -p build
-scripts/setup_python.sh --deps >build/python-deps.log 2>&1 &
+setsid -w scripts/setup_python.sh --deps >build/python-deps.log 2>&1 &
 python_deps=$!
+trap 'kill -- -"$python_deps" 2>/dev/null || true' EXIT  # a failed stage (or Ctrl-C) stops it with the script
 python_setup() {
   wait "$python_deps" || { cat build/python-deps.log; return 1; }
   scripts/setup_python.sh
