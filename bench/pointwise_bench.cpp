@@ -39,93 +39,99 @@ constexpr std::uint64_t kTargetSeed = 0x7a26e7ULL;
 constexpr std::uint64_t kThirdSeed = 0x3e1dULL;
 constexpr double kParam = 1.0;  // beta / delta
 
-// The loss catalog's kinds (lossfuse/loss_kind.hpp); mse, l1, smooth_l1 and huber are checked against float64
-// formulas below, the others checked finite.
 using Kind = LossKind;
-std::string kind_name(Kind k) { return std::string(loss_kind_name(k)); }
-bool checked(Kind k) { return k == Kind::mse || k == Kind::l1 || k == Kind::smooth_l1 || k == Kind::huber; }
-// Operands read: input and target, plus var (gaussian_nll) or the second input (margin_ranking: x1, x2, y).
-int operands(Kind k) { return k == Kind::gaussian_nll || k == Kind::margin_ranking ? 3 : 2; }
+using Ops = std::vector<TensorView>;  // operand j: input, target, third
 
-// Operand j's values from a N(0, 1) sample v, for the loss's domain.
-double shape_value(Kind k, int j, double v) {
-  const auto sigmoid = [](double t) { return 1.0 / (1.0 + std::exp(-t)); };
-  switch (k) {
-    case Kind::bce: return sigmoid(v);                                         // probabilities, target too
-    case Kind::bce_with_logits: return j == 0 ? v : sigmoid(v);                // logits, soft targets
-    case Kind::kl_div: return j == 0 ? -std::fabs(v) - 0.1 : sigmoid(v);       // log-probabilities, probabilities
-    case Kind::poisson_nll: return j == 0 ? v : std::floor(2 * std::fabs(v));  // log rates, counts
-    case Kind::gaussian_nll: return j == 2 ? 0.5 + std::fabs(v) : v;           // var > 0
-    case Kind::hinge_embedding: return j == 0 ? v : (v >= 0 ? 1.0 : -1.0);
-    case Kind::margin_ranking: return j == 2 ? (v >= 0 ? 1.0 : -1.0) : v;
-    default: return v;
-  }
+PointwiseGrads input_grad(const TensorView& g) {
+  PointwiseGrads r;
+  r.input = g;
+  return r;
 }
+constexpr std::nullopt_t kNoUp = std::nullopt;
+double sigmoid(double t) { return 1.0 / (1.0 + std::exp(-t)); }
+double sign(double v) { return v >= 0 ? 1.0 : -1.0; }  // +-1 labels
+double sgn(double d) { return d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0; }
 
-// ops[j]: operand j (input, target, third).
-void forward(Kind k, const std::vector<TensorView>& ops, const TensorView& loss) {
-  const TensorView &x = ops[0], &y = ops[1];
-  switch (k) {
-    case Kind::mse: return mse_forward(x, y, MseOptions{}, loss);
-    case Kind::l1: return l1_forward(x, y, L1Options{}, loss);
-    case Kind::smooth_l1: return smooth_l1_forward(x, y, SmoothL1Options{Reduction::mean, kParam}, loss);
-    case Kind::huber: return huber_forward(x, y, HuberOptions{Reduction::mean, kParam, std::nullopt}, loss);
-    case Kind::bce: return bce_forward(x, y, BceOptions{}, loss);
-    case Kind::bce_with_logits: return bce_with_logits_forward(x, y, BceWithLogitsOptions{}, loss);
-    case Kind::kl_div: return kl_div_forward(x, y, KlDivOptions{}, loss);
-    case Kind::poisson_nll: return poisson_nll_forward(x, y, PoissonNllOptions{}, loss);
-    case Kind::gaussian_nll: return gaussian_nll_forward(x, y, ops[2], GaussianNllOptions{}, loss);
-    case Kind::hinge_embedding: return hinge_embedding_forward(x, y, HingeEmbeddingOptions{}, loss);
-    case Kind::margin_ranking: return margin_ranking_forward(x, y, ops[2], MarginRankingOptions{}, loss);
-    default: return;  // not an elementwise loss: no suite is made for it
-  }
-}
-void backward(Kind k, const std::vector<TensorView>& ops, const TensorView& gx) {
-  const TensorView &x = ops[0], &y = ops[1];
-  PointwiseGrads g;
-  g.input = gx;
-  const std::nullopt_t up = std::nullopt;
-  switch (k) {
-    case Kind::mse: return mse_backward(x, y, up, MseOptions{}, g);
-    case Kind::l1: return l1_backward(x, y, up, L1Options{}, g);
-    case Kind::smooth_l1: return smooth_l1_backward(x, y, up, SmoothL1Options{Reduction::mean, kParam}, g);
-    case Kind::huber: return huber_backward(x, y, up, HuberOptions{Reduction::mean, kParam, std::nullopt}, g);
-    case Kind::bce: return bce_backward(x, y, up, BceOptions{}, g);
-    case Kind::bce_with_logits: return bce_with_logits_backward(x, y, up, BceWithLogitsOptions{}, g);
-    case Kind::kl_div: return kl_div_backward(x, y, up, KlDivOptions{}, g);
-    case Kind::poisson_nll: return poisson_nll_backward(x, y, up, PoissonNllOptions{}, g);
-    case Kind::gaussian_nll: return gaussian_nll_backward(x, y, ops[2], up, GaussianNllOptions{}, g);
-    case Kind::hinge_embedding: return hinge_embedding_backward(x, y, up, HingeEmbeddingOptions{}, g);
-    case Kind::margin_ranking: {
-      MarginRankingGrads mg;
-      mg.input1 = gx;
-      return margin_ranking_backward(x, y, ops[2], up, MarginRankingOptions{}, mg);
-    }
-    default: return;  // not an elementwise loss: no suite is made for it
-  }
-}
+// One row per elementwise loss (a LossKind): its operand count (3: gaussian_nll's var, margin_ranking's
+// (input1, input2, target)); how operand j is drawn from an N(0, 1) sample v (nullptr: v itself); its forward
+// (reduction mean, default options) and backward (the first operand's gradient only); and, where the loss is a
+// closed form in d = x - y, that form and its derivative in float64 for the check (nullptr: checked finite).
+struct PwBench {
+  Kind kind;
+  int operands;
+  double (*domain)(int j, double v);
+  void (*forward)(const Ops& o, const TensorView& loss);
+  void (*backward)(const Ops& o, const TensorView& grad);
+  double (*value)(double d);
+  double (*derivative)(double d);
+};
 
-// The formulas in float64, for the check.
-double value(Kind k, double d) {
-  const double a = std::fabs(d);
-  switch (k) {
-    case Kind::mse: return d * d;
-    case Kind::l1: return a;
-    case Kind::smooth_l1: return a < kParam ? 0.5 * d * d / kParam : a - 0.5 * kParam;
-    case Kind::huber: return a < kParam ? 0.5 * d * d : kParam * (a - 0.5 * kParam);
-    default: return 0;
-  }
-}
-double derivative(Kind k, double d) {
-  const double s = d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0;
-  switch (k) {
-    case Kind::mse: return 2 * d;
-    case Kind::l1: return s;
-    case Kind::smooth_l1: return std::fabs(d) < kParam ? d / kParam : s;
-    case Kind::huber: return std::fabs(d) <= kParam ? d : kParam * s;
-    default: return 0;
-  }
-}
+const PwBench kRows[] = {
+    {Kind::mse, 2, nullptr, [](const Ops& o, const TensorView& l) { mse_forward(o[0], o[1], MseOptions{}, l); },
+     [](const Ops& o, const TensorView& g) { mse_backward(o[0], o[1], kNoUp, MseOptions{}, input_grad(g)); },
+     [](double d) { return d * d; }, [](double d) { return 2 * d; }},
+    {Kind::l1, 2, nullptr, [](const Ops& o, const TensorView& l) { l1_forward(o[0], o[1], L1Options{}, l); },
+     [](const Ops& o, const TensorView& g) { l1_backward(o[0], o[1], kNoUp, L1Options{}, input_grad(g)); },
+     [](double d) { return std::fabs(d); }, [](double d) { return sgn(d); }},
+    {Kind::smooth_l1, 2, nullptr,
+     [](const Ops& o, const TensorView& l) {
+       smooth_l1_forward(o[0], o[1], SmoothL1Options{Reduction::mean, kParam}, l);
+     },
+     [](const Ops& o, const TensorView& g) {
+       smooth_l1_backward(o[0], o[1], kNoUp, SmoothL1Options{Reduction::mean, kParam}, input_grad(g));
+     },
+     [](double d) { return std::fabs(d) < kParam ? 0.5 * d * d / kParam : std::fabs(d) - 0.5 * kParam; },
+     [](double d) { return std::fabs(d) < kParam ? d / kParam : sgn(d); }},
+    {Kind::huber, 2, nullptr,
+     [](const Ops& o, const TensorView& l) {
+       huber_forward(o[0], o[1], HuberOptions{Reduction::mean, kParam, std::nullopt}, l);
+     },
+     [](const Ops& o, const TensorView& g) {
+       huber_backward(o[0], o[1], kNoUp, HuberOptions{Reduction::mean, kParam, std::nullopt}, input_grad(g));
+     },
+     [](double d) { return std::fabs(d) < kParam ? 0.5 * d * d : kParam * (std::fabs(d) - 0.5 * kParam); },
+     [](double d) { return std::fabs(d) <= kParam ? d : kParam * sgn(d); }},
+    {Kind::bce, 2, [](int, double v) { return sigmoid(v); },  // probabilities, target too
+     [](const Ops& o, const TensorView& l) { bce_forward(o[0], o[1], BceOptions{}, l); },
+     [](const Ops& o, const TensorView& g) { bce_backward(o[0], o[1], kNoUp, BceOptions{}, input_grad(g)); }, nullptr,
+     nullptr},
+    {Kind::bce_with_logits, 2, [](int j, double v) { return j == 0 ? v : sigmoid(v); },  // logits, soft targets
+     [](const Ops& o, const TensorView& l) { bce_with_logits_forward(o[0], o[1], BceWithLogitsOptions{}, l); },
+     [](const Ops& o, const TensorView& g) {
+       bce_with_logits_backward(o[0], o[1], kNoUp, BceWithLogitsOptions{}, input_grad(g));
+     },
+     nullptr, nullptr},
+    {Kind::kl_div, 2, [](int j, double v) { return j == 0 ? -std::fabs(v) - 0.1 : sigmoid(v); },  // log-p, p
+     [](const Ops& o, const TensorView& l) { kl_div_forward(o[0], o[1], KlDivOptions{}, l); },
+     [](const Ops& o, const TensorView& g) { kl_div_backward(o[0], o[1], kNoUp, KlDivOptions{}, input_grad(g)); },
+     nullptr, nullptr},
+    {Kind::poisson_nll, 2, [](int j, double v) { return j == 0 ? v : std::floor(2 * std::fabs(v)); },  // counts
+     [](const Ops& o, const TensorView& l) { poisson_nll_forward(o[0], o[1], PoissonNllOptions{}, l); },
+     [](const Ops& o, const TensorView& g) {
+       poisson_nll_backward(o[0], o[1], kNoUp, PoissonNllOptions{}, input_grad(g));
+     },
+     nullptr, nullptr},
+    {Kind::gaussian_nll, 3, [](int j, double v) { return j == 2 ? 0.5 + std::fabs(v) : v; },  // var > 0
+     [](const Ops& o, const TensorView& l) { gaussian_nll_forward(o[0], o[1], o[2], GaussianNllOptions{}, l); },
+     [](const Ops& o, const TensorView& g) {
+       gaussian_nll_backward(o[0], o[1], o[2], kNoUp, GaussianNllOptions{}, input_grad(g));
+     },
+     nullptr, nullptr},
+    {Kind::hinge_embedding, 2, [](int j, double v) { return j == 0 ? v : sign(v); },
+     [](const Ops& o, const TensorView& l) { hinge_embedding_forward(o[0], o[1], HingeEmbeddingOptions{}, l); },
+     [](const Ops& o, const TensorView& g) {
+       hinge_embedding_backward(o[0], o[1], kNoUp, HingeEmbeddingOptions{}, input_grad(g));
+     },
+     nullptr, nullptr},
+    {Kind::margin_ranking, 3, [](int j, double v) { return j == 2 ? sign(v) : v; },
+     [](const Ops& o, const TensorView& l) { margin_ranking_forward(o[0], o[1], o[2], MarginRankingOptions{}, l); },
+     [](const Ops& o, const TensorView& g) {
+       MarginRankingGrads mg;
+       mg.input1 = g;
+       margin_ranking_backward(o[0], o[1], o[2], kNoUp, MarginRankingOptions{}, mg);
+     },
+     nullptr, nullptr},
+};
 
 double load(DType t, const void* p, std::int64_t i) {
   return t == DType::bf16 ? bf16_to_float(static_cast<const std::uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
@@ -145,12 +151,12 @@ void store(DType t, void* p, std::int64_t i, double v) {
   }
 }
 
-void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
+void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
   const std::vector<std::int64_t> shape = {n};
-  const std::string tag =
-      std::string(kind_name(kind)) + " " + std::string(short_dtype_name(dtype)) + " " + shape_string(shape);
+  const std::string name(loss_kind_name(b.kind));
+  const std::string tag = name + " " + std::string(short_dtype_name(dtype)) + " " + shape_string(shape);
   const std::size_t elem = dtype_size(dtype), bytes = static_cast<std::size_t>(n) * elem;
-  const int k = operands(kind);
+  const int k = b.operands;
 
   // The operands back to back, so that one read probe covers exactly the bytes the forward reads; the gradient
   // buffer is also the copy probe's destination ((k + 1) / 2 operands' worth).
@@ -160,9 +166,9 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
   for (int j = 0; j < k; ++j) {
     void* p = static_cast<std::uint8_t*>(ops_buf.data()) + static_cast<std::size_t>(j) * bytes;
     fill_normal(p, dtype, n, 1.0, seeds[j]);
-    if (!checked(kind)) {
-      parallel_for(0, n, 1 << 16, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) store(dtype, p, i, shape_value(kind, j, load(dtype, p, i)));
+    if (b.domain != nullptr) {
+      parallel_for(0, n, 1 << 16, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) store(dtype, p, i, b.domain(j, load(dtype, p, i)));
       });
     }
     ops.push_back(TensorView::contiguous(p, dtype, {n}));
@@ -177,30 +183,31 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
     const std::string direction = bwd ? "backward" : "forward";
     run.step(direction + " " + tag);
     Row row;
-    row.loss = kind_name(kind);
+    row.loss = name;
     row.shape = shape;
     row.dtype = std::string(short_dtype_name(dtype));
     row.direction = direction;
     const double moved = static_cast<double>(bytes) * (bwd ? k + 1 : k);
     auto kernel = [&] {
       if (bwd) {
-        backward(kind, ops, g);
+        b.backward(ops, g);
       } else {
-        forward(kind, ops, l);
+        b.forward(ops, l);
       }
     };
     auto check = [&]() -> std::string {
       std::string problem;
-      if (!checked(kind)) {
+      if (b.value == nullptr) {
         if (!bwd && !std::isfinite(loss)) problem = "loss " + std::to_string(loss) + " is not finite";
         for (std::int64_t i = 0; bwd && i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
           if (!std::isfinite(load(dtype, grad.data(), i))) {
-            problem = "grad[" + std::to_string(i) + "] " + std::to_string(load(dtype, grad.data(), i)) + " is not finite";
+            problem =
+                "grad[" + std::to_string(i) + "] " + std::to_string(load(dtype, grad.data(), i)) + " is not finite";
           }
         }
       } else if (!bwd) {
         double sum = 0;
-        for (std::int64_t i = 0; i < n; ++i) sum += value(kind, load(dtype, xp, i) - load(dtype, yp, i));
+        for (std::int64_t i = 0; i < n; ++i) sum += b.value(load(dtype, xp, i) - load(dtype, yp, i));
         const double want = sum / static_cast<double>(n), rtol = dtype == DType::bf16 ? 1e-3 : 1e-4;
         if (!(std::fabs(loss - want) <= rtol * std::fabs(want))) {
           problem = "loss " + fixed(loss, 7) + " vs float64 " + fixed(want, 7);
@@ -208,7 +215,7 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
       } else {
         const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-5;
         for (std::int64_t i = 0; i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
-          const double want = derivative(kind, load(dtype, xp, i) - load(dtype, yp, i)) / static_cast<double>(n);
+          const double want = b.derivative(load(dtype, xp, i) - load(dtype, yp, i)) / static_cast<double>(n);
           const double got = load(dtype, grad.data(), i);
           if (!(std::fabs(got - want) <= rtol * std::fabs(want) + 1e-30)) {
             problem = "grad[" + std::to_string(i) + "] " + std::to_string(got) + " vs " + std::to_string(want);
@@ -218,17 +225,18 @@ void run_group(Run& run, Kind kind, std::int64_t n, DType dtype) {
       return problem;
     };
     check_and_time(run, std::move(row), kernel, check,
-                   {bwd, xp, grad.data(), bwd ? (static_cast<std::size_t>(k) + 1) * bytes / 2
-                                              : static_cast<std::size_t>(k) * bytes},
+                   {bwd, xp, grad.data(),
+                    bwd ? (static_cast<std::size_t>(k) + 1) * bytes / 2 : static_cast<std::size_t>(k) * bytes},
                    moved);
   }
 }
 
-Suite make_suite(Kind kind) {
+Suite make_suite(const PwBench& b) {
   Suite s;
-  s.name = kind_name(kind);
+  s.name = std::string(loss_kind_name(b.kind));
   const std::string k = s.name;
-  const bool three = operands(kind) == 3;
+  const bool three = b.operands == 3;
+  const Kind kind = b.kind;
   const std::string reads = three ? "3*N*elem" : "2*N*elem";
   s.notes = {
       k + ": forward = " + k + "_forward (reduction mean, 0-d float32 loss, default options); backward = " + k +
@@ -236,9 +244,9 @@ Suite make_suite(Kind kind) {
           " gradient only into a preallocated buffer)" +
           (kind == Kind::smooth_l1 || kind == Kind::huber ? "; beta/delta 1, no weight" : "; no weight"),
       "  inputs: N(0, 1) samples, contiguous, fixed seeds" +
-          std::string(checked(kind) ? ""
-                                    : ", mapped into the loss's domain (probabilities by a sigmoid, +-1 signs, "
-                                      "var 0.5 + |v|, ...)") +
+          std::string(b.domain == nullptr ? ""
+                                          : ", mapped into the loss's domain (probabilities by a sigmoid, +-1 signs, "
+                                            "var 0.5 + |v|, ...)") +
           "; GB/s counts " + reads + " read (" + (three ? "input, target, third operand" : "input, target") +
           ") forward, plus N*elem written backward",
       "  % is of a probe timed interleaved over the same total bytes: forward vs the read probe (" + reads +
@@ -246,10 +254,11 @@ Suite make_suite(Kind kind) {
           "*N*elem read + as many written: the "
           "closest to the kernel's " +
           (three ? "3:1" : "2:1") + " read:write mix)",
-      checked(kind) ? "  no scalar baseline; check before timing: loss vs a float64 sum (rtol 1e-4 f32, 1e-3 bf16), "
-                      "~4096 sampled gradient elements vs the formula"
-                    : "  no scalar baseline; check before timing: the loss and ~4096 sampled gradient elements are "
-                      "finite (values are checked by the tests, not here)",
+      b.value != nullptr
+          ? "  no scalar baseline; check before timing: loss vs a float64 sum (rtol 1e-4 f32, 1e-3 bf16), "
+            "~4096 sampled gradient elements vs the formula"
+          : "  no scalar baseline; check before timing: the loss and ~4096 sampled gradient elements are "
+            "finite (values are checked by the tests, not here)",
   };
   s.shape_rank = 1;
   s.shape_help = "N";
@@ -257,13 +266,13 @@ Suite make_suite(Kind kind) {
   s.quick_shapes = {{std::int64_t{1} << 20}};
   s.dtypes = {DType::f32, DType::bf16};
   s.default_dtypes = {DType::f32, DType::bf16};
-  s.plan = [kind](const Options&, const std::vector<std::vector<std::int64_t>>& shapes,
-                  const std::vector<DType>& dtypes) {
+  s.plan = [&b](const Options&, const std::vector<std::vector<std::int64_t>>& shapes,
+                const std::vector<DType>& dtypes) {
     std::vector<Group> groups;
     for (const auto& shape : shapes) {
       for (DType t : dtypes) {
         const std::int64_t n = shape[0];
-        groups.push_back({2, [kind, n, t](Run& run) { run_group(run, kind, n, t); }});
+        groups.push_back({2, [&b, n, t](Run& run) { run_group(run, b, n, t); }});
       }
     }
     return groups;
@@ -271,18 +280,13 @@ Suite make_suite(Kind kind) {
   return s;
 }
 
-}  // namespace
+// One suite per row (so that `--loss mse` works).
+bool register_rows() {
+  for (const PwBench& b : kRows) register_suite(make_suite(b));
+  return true;
+}
+[[maybe_unused]] const bool kRegistered = register_rows();
 
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::mse));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::l1));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::smooth_l1));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::huber));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::bce));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::bce_with_logits));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::kl_div));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::poisson_nll));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::gaussian_nll));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::hinge_embedding));
-LOSSFUSE_BENCH_SUITE(make_suite(Kind::margin_ranking));
+}  // namespace
 
 }  // namespace lossfuse::bench

@@ -20,7 +20,6 @@
 namespace lossfuse {
 namespace {
 
-using core::PwKind;
 using core::PwParams;
 
 // How 'mean' divides: by the element count, or (mse, l1 with a weight) by the sum of the weights.
@@ -30,7 +29,7 @@ enum class MeanOver { numel, weight_sum };
 enum class Scan { none, input_unit_interval, z_nonnegative };
 
 struct PwCall {
-  PwKind kind;
+  LossKind kind;
   Reduction reduction;
   MeanOver mean_over = MeanOver::numel;
   double a = 0, b = 0;
@@ -293,21 +292,21 @@ GradOut grads_of(const PointwiseGrads& g) {
 }  // namespace
 
 void mse_forward(const TensorView& input, const TensorView& target, const MseOptions& o, const TensorView& loss) {
-  run({PwKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
+  run({LossKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
 }
 void mse_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                   const MseOptions& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
-  run({PwKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+  run({LossKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
 }
 
 void l1_forward(const TensorView& input, const TensorView& target, const L1Options& o, const TensorView& loss) {
-  run({PwKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
+  run({LossKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
 }
 void l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                  const L1Options& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
-  run({PwKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+  run({LossKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
 }
 
 namespace {
@@ -326,26 +325,26 @@ void check_delta(double delta) {
 void smooth_l1_forward(const TensorView& input, const TensorView& target, const SmoothL1Options& o,
                        const TensorView& loss) {
   check_beta(o.beta);
-  run({PwKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, &loss, std::nullopt,
+  run({LossKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, &loss, std::nullopt,
       nullptr);
 }
 void smooth_l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                         const SmoothL1Options& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
   check_beta(o.beta);
-  run({PwKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, nullptr, grad_loss, &go);
+  run({LossKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, nullptr, grad_loss, &go);
 }
 
 void huber_forward(const TensorView& input, const TensorView& target, const HuberOptions& o, const TensorView& loss) {
   check_delta(o.delta);
-  run({PwKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, &loss, std::nullopt,
+  run({LossKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, &loss, std::nullopt,
       nullptr);
 }
 void huber_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                     const HuberOptions& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
   check_delta(o.delta);
-  run({PwKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+  run({LossKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
 }
 
 namespace {
@@ -355,12 +354,12 @@ void check_finite(double v, const char* name) {
 PwCall bce_call(const BceOptions& o) {
   // torch's EPSILON is the float 1e-12 (9.99999996e-13) for every dtype: a float64 gradient at x = 0 or 1 is
   // (x - y) / 9.99999996e-13 there (checked against torch 2.15).
-  PwCall c{PwKind::bce, o.reduction, MeanOver::numel, static_cast<double>(1e-12f), 0, &o.weight};
+  PwCall c{LossKind::bce, o.reduction, MeanOver::numel, static_cast<double>(1e-12f), 0, &o.weight};
   c.scan = Scan::input_unit_interval;
   return c;
 }
 PwCall bce_logits_call(const BceWithLogitsOptions& o) {
-  PwCall c{PwKind::bce_with_logits, o.reduction, MeanOver::numel, 0, 0, &o.weight};
+  PwCall c{LossKind::bce_with_logits, o.reduction, MeanOver::numel, 0, 0, &o.weight};
   if (o.pos_weight) {
     c.z = &*o.pos_weight;
     c.z_name = "pos_weight";
@@ -373,7 +372,7 @@ PwCall kl_call(const KlDivOptions& o, const TensorView& input) {
     throw Error(ErrorCode::invalid_value, "batchmean", "false unless reduction is mean ('batchmean' is a mean)",
                 std::string("true with reduction ") + std::string(reduction_name(o.reduction)));
   }
-  PwCall c{PwKind::kl_div, o.reduction, MeanOver::numel, 0, 0, nullptr};
+  PwCall c{LossKind::kl_div, o.reduction, MeanOver::numel, 0, 0, nullptr};
   c.flags = o.log_target ? core::kPwLogTarget : 0;
   // torch's 'batchmean': sum / input.size(0); a 0-d input is not divided. An input with size(0) == 0 gives
   // 0 / 0 = nan, as torch.
@@ -384,14 +383,14 @@ PwCall kl_call(const KlDivOptions& o, const TensorView& input) {
 }
 PwCall poisson_call(const PoissonNllOptions& o) {
   check_finite(o.eps, "eps");
-  PwCall c{PwKind::poisson_nll, o.reduction, MeanOver::numel, o.eps, 6.283185307179586, nullptr};  // 2 pi
+  PwCall c{LossKind::poisson_nll, o.reduction, MeanOver::numel, o.eps, 6.283185307179586, nullptr};  // 2 pi
   c.flags = static_cast<std::uint8_t>((o.log_input ? core::kPwLogInput : 0) | (o.full ? core::kPwFull : 0));
   return c;
 }
 PwCall gaussian_call(const GaussianNllOptions& o, const TensorView& var) {
   check_finite(o.eps, "eps");
   // full adds the constant 0.5 log(2 pi).
-  PwCall c{PwKind::gaussian_nll, o.reduction, MeanOver::numel, o.eps, o.full ? 0.91893853320467274178 : 0.0, nullptr};
+  PwCall c{LossKind::gaussian_nll, o.reduction, MeanOver::numel, o.eps, o.full ? 0.91893853320467274178 : 0.0, nullptr};
   c.z = &var;
   c.z_name = "var";
   c.z_differentiable = true;
@@ -400,13 +399,13 @@ PwCall gaussian_call(const GaussianNllOptions& o, const TensorView& var) {
 }
 PwCall hinge_call(const HingeEmbeddingOptions& o) {
   check_finite(o.margin, "margin");
-  PwCall c{PwKind::hinge_embedding, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
+  PwCall c{LossKind::hinge_embedding, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
   c.y_differentiable = false;
   return c;
 }
 PwCall ranking_call(const MarginRankingOptions& o, const TensorView& target) {
   check_finite(o.margin, "margin");
-  PwCall c{PwKind::margin_ranking, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
+  PwCall c{LossKind::margin_ranking, o.reduction, MeanOver::numel, o.margin, 0, nullptr};
   // x = input1, y = input2, z = target
   c.x_name = "input1";
   c.y_name = "input2";

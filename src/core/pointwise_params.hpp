@@ -5,23 +5,10 @@
 #include <cstdint>
 
 #include "lossfuse/dtype.hpp"
+#include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
 
 namespace lossfuse::core {
-
-enum class PwKind : std::uint8_t {
-  mse,
-  l1,
-  smooth_l1,
-  huber,
-  bce,
-  bce_with_logits,
-  kl_div,
-  poisson_nll,
-  gaussian_nll,
-  hinge_embedding,
-  margin_ranking
-};
 
 // PwParams::flags: the loss's boolean options, turned into template parameters at the kernels' switch point.
 enum PwFlag : std::uint8_t {
@@ -40,7 +27,7 @@ enum class PwCheck : std::uint8_t { none, x_unit_interval, z_nonnegative };
 enum PwView : int { kPwX = 0, kPwY, kPwZ, kPwW, kPwGX, kPwGY, kPwGZ, kPwGO, kPwViews };
 
 struct PwParams {
-  PwKind kind = PwKind::mse;
+  LossKind kind = LossKind::mse;  // one of the eleven elementwise kinds (include/lossfuse/pointwise.hpp)
   bool backward = false;
   DType dtype = DType::f32;      // every floating operand and gradient
   const void* ptr[kPwViews] = {};  // nullptr: absent

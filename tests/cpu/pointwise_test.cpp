@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "error_harness.hpp"
 #include "lossfuse/parallel.hpp"
 #include "reference/pointwise_reference.hpp"
-#include "error_harness.hpp"
 #include "test_util.hpp"
 
 namespace lftest::pointwise {
@@ -739,6 +739,33 @@ void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializ
   }
 }
 constexpr std::initializer_list<PwLoss> kWeighted = {PwLoss::mse, PwLoss::l1, PwLoss::huber};
+constexpr std::initializer_list<Entry> kBoth = {Entry::forward, Entry::backward};
+constexpr std::initializer_list<Entry> kFwd = {Entry::forward}, kBwd = {Entry::backward};
+constexpr Reduction kNone = Reduction::none, kMean = Reduction::mean;
+
+// Setups for expect_error: one view of the call replaced, after setting the reduction.
+using Slot = std::optional<TensorView> Views::*;
+using ErrSetup = std::function<Views(ErrFixture&)>;
+// ... by a fixed view.
+ErrSetup put(Slot slot, const TensorView& t, Reduction red = kMean) {
+  return [slot, t, red](ErrFixture& f) {
+    f.c.red = red;
+    Views v;
+    v.*slot = t;
+    return v;
+  };
+}
+// ... by one of the fixture's own buffers (an alias), or that buffer's view with a null data pointer.
+ErrSetup alias(Slot slot, Tensor ErrFixture::*buffer, Reduction red = kMean, bool null_data = false) {
+  return [slot, buffer, red, null_data](ErrFixture& f) {
+    f.c.red = red;
+    Views v;
+    v.*slot = (f.*buffer).view;
+    if (null_data) (v.*slot)->data = nullptr;
+    return v;
+  };
+}
+ErrSetup null_data(Slot slot, Tensor ErrFixture::*buffer) { return alias(slot, buffer, kMean, true); }
 
 TEST(PointwiseErrors, ValidFixtureRuns) {
   for (PwLoss l : kLosses) {
@@ -751,200 +778,78 @@ TEST(PointwiseErrors, ValidFixtureRuns) {
   }
 }
 TEST(PointwiseErrors, TargetDtypeAndShape) {
-  static Tensor t64 = Tensor::make(DType::f64, {4, 5});
-  static Tensor t16 = Tensor::make(DType::bf16, {4, 5});
-  static Tensor ti = Tensor::make(DType::i64, {4, 5});
-  static Tensor t45 = Tensor::make(DType::f32, {5, 4});
-  static Tensor t4 = Tensor::make(DType::f32, {4});
-  static Tensor t451 = Tensor::make(DType::f32, {4, 5, 1});
-  for (Tensor* t : {&t64, &t16, &ti})
-    expect_error([t](ErrFixture&) { return Views{{}, t->view}; }, {ErrorCode::dtype_mismatch}, "target");
-  for (Tensor* t : {&t45, &t4, &t451})
-    expect_error([t](ErrFixture&) { return Views{{}, t->view}; }, {ErrorCode::shape_mismatch}, "target");
+  static const Tensor t64 = Tensor::make(DType::f64, {4, 5}), t16 = Tensor::make(DType::bf16, {4, 5}),
+                      ti = Tensor::make(DType::i64, {4, 5});
+  static const Tensor t54 = Tensor::make(DType::f32, {5, 4}), t4 = Tensor::make(DType::f32, {4}),
+                      t451 = Tensor::make(DType::f32, {4, 5, 1});
+  for (const Tensor* t : {&t64, &t16, &ti})
+    expect_error(put(&Views::target, t->view), {ErrorCode::dtype_mismatch}, "target");
+  for (const Tensor* t : {&t54, &t4, &t451})
+    expect_error(put(&Views::target, t->view), {ErrorCode::shape_mismatch}, "target");
 }
 TEST(PointwiseErrors, InputDtype) {
-  static Tensor xi = Tensor::make(DType::i32, {4, 5});
-  expect_error([](ErrFixture&) { return Views{xi.view}; }, {ErrorCode::dtype_mismatch}, "input");
+  static const Tensor xi = Tensor::make(DType::i32, {4, 5});
+  expect_error(put(&Views::input, xi.view), {ErrorCode::dtype_mismatch}, "input");
 }
 TEST(PointwiseErrors, WeightDtypeAndShape) {
-  static Tensor w64 = Tensor::make(DType::f64, {4, 5});
-  static Tensor w5 = Tensor::make(DType::f32, {5});
-  static Tensor w54 = Tensor::make(DType::f32, {5, 4});
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, w64.view};
-      },
-      {ErrorCode::dtype_mismatch}, "weight", {Entry::forward, Entry::backward}, kWeighted);
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, w5.view};
-      },
-      {ErrorCode::shape_mismatch}, "weight", {Entry::forward, Entry::backward}, kWeighted);
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, w54.view};
-      },
-      {ErrorCode::shape_mismatch}, "weight", {Entry::forward, Entry::backward}, kWeighted);
+  static const Tensor w64 = Tensor::make(DType::f64, {4, 5}), w5 = Tensor::make(DType::f32, {5}),
+                      w54 = Tensor::make(DType::f32, {5, 4});
+  expect_error(put(&Views::weight, w64.view), {ErrorCode::dtype_mismatch}, "weight", kBoth, kWeighted);
+  expect_error(put(&Views::weight, w5.view), {ErrorCode::shape_mismatch}, "weight", kBoth, kWeighted);
+  expect_error(put(&Views::weight, w54.view), {ErrorCode::shape_mismatch}, "weight", kBoth, kWeighted);
 }
 TEST(PointwiseErrors, LossDtypeShapeLayout) {
-  static Tensor l64 = Tensor::make(DType::f64, {}, Layout::contiguous, kSentinel);
-  static Tensor l16 = Tensor::make(DType::f16, {}, Layout::contiguous, kSentinel);
-  static Tensor l45 = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
-  static Tensor l0 = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
-  static Tensor l54 = Tensor::make(DType::f32, {5, 4}, Layout::contiguous, kSentinel);
-  static Tensor lt = Tensor::make(DType::f32, {4, 5}, Layout::transposed, kSentinel);
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, {}, l64.view};
-      },
-      {ErrorCode::dtype_mismatch}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, {}, l16.view};
-      },
-      {ErrorCode::dtype_mismatch}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture&) {
-        return Views{{}, {}, {}, l45.view};
-      },
-      {ErrorCode::shape_mismatch}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        return Views{{}, {}, {}, l0.view};
-      },
-      {ErrorCode::shape_mismatch}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        return Views{{}, {}, {}, l54.view};
-      },
-      {ErrorCode::shape_mismatch}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        return Views{{}, {}, {}, lt.view};
-      },
-      {ErrorCode::invalid_value, ErrorCode::bad_pointer}, "loss", {Entry::forward});
+  static const Tensor l64 = Tensor::make(DType::f64, {}), l16 = Tensor::make(DType::f16, {}),
+                      l45 = Tensor::make(DType::f32, {4, 5}), l0 = Tensor::make(DType::f32, {}),
+                      l54 = Tensor::make(DType::f32, {5, 4}), lt = Tensor::make(DType::f32, {4, 5}, Layout::transposed);
+  expect_error(put(&Views::loss, l64.view), {ErrorCode::dtype_mismatch}, "loss", kFwd);
+  expect_error(put(&Views::loss, l16.view), {ErrorCode::dtype_mismatch}, "loss", kFwd);
+  expect_error(put(&Views::loss, l45.view), {ErrorCode::shape_mismatch}, "loss", kFwd);
+  expect_error(put(&Views::loss, l0.view, kNone), {ErrorCode::shape_mismatch}, "loss", kFwd);
+  expect_error(put(&Views::loss, l54.view, kNone), {ErrorCode::shape_mismatch}, "loss", kFwd);
+  expect_error(put(&Views::loss, lt.view, kNone), {ErrorCode::invalid_value, ErrorCode::bad_pointer}, "loss", kFwd);
 }
 TEST(PointwiseErrors, GradLossDtypeAndShape) {
-  static Tensor u64 = Tensor::make(DType::f64, {}, Layout::contiguous, kSentinel);
-  static Tensor u16 = Tensor::make(DType::bf16, {}, Layout::contiguous, kSentinel);
-  static Tensor u45 = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
-  static Tensor u0 = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
-  static Tensor u5 = Tensor::make(DType::f32, {5}, Layout::contiguous, kSentinel);
-  expect_error(
-      [](ErrFixture&) {
-        Views v;
-        v.up = u64.view;
-        return v;
-      },
-      {ErrorCode::dtype_mismatch}, "grad_loss", {Entry::backward});
-  expect_error(
-      [](ErrFixture&) {
-        Views v;
-        v.up = u16.view;
-        return v;
-      },
-      {ErrorCode::dtype_mismatch}, "grad_loss", {Entry::backward});
-  expect_error(
-      [](ErrFixture&) {
-        Views v;
-        v.up = u45.view;
-        return v;
-      },
-      {ErrorCode::shape_mismatch}, "grad_loss", {Entry::backward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        Views v;
-        v.up = u0.view;
-        return v;
-      },
-      {ErrorCode::shape_mismatch}, "grad_loss", {Entry::backward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        Views v;
-        v.up = u5.view;
-        return v;
-      },
-      {ErrorCode::shape_mismatch}, "grad_loss", {Entry::backward});
+  static const Tensor u64 = Tensor::make(DType::f64, {}), u16 = Tensor::make(DType::bf16, {}),
+                      u45 = Tensor::make(DType::f32, {4, 5}), u0 = Tensor::make(DType::f32, {}),
+                      u5 = Tensor::make(DType::f32, {5});
+  expect_error(put(&Views::up, u64.view), {ErrorCode::dtype_mismatch}, "grad_loss", kBwd);
+  expect_error(put(&Views::up, u16.view), {ErrorCode::dtype_mismatch}, "grad_loss", kBwd);
+  expect_error(put(&Views::up, u45.view), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
+  expect_error(put(&Views::up, u0.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
+  expect_error(put(&Views::up, u5.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
 }
 TEST(PointwiseErrors, GradientDtypeShapeStride) {
-  static Tensor g64 = Tensor::make(DType::f64, {4, 5}, Layout::contiguous, kSentinel);
-  static Tensor g54 = Tensor::make(DType::f32, {5, 4}, Layout::contiguous, kSentinel);
-  static Tensor g20 = Tensor::make(DType::f32, {20}, Layout::contiguous, kSentinel);
-  static Tensor g5 = Tensor::make(DType::f32, {1, 5}, Layout::contiguous, kSentinel);
-  static Tensor g4 = Tensor::make(DType::f32, {4, 1}, Layout::contiguous, kSentinel);
-  for (int which = 0; which < 2; ++which) {
-    const std::string name = which == 0 ? "grad_input" : "grad_target";
-    auto put = [which](const TensorView& t) {
-      Views v;
-      (which == 0 ? v.gx : v.gy) = t;
-      return v;
-    };
-    expect_error([&](ErrFixture&) { return put(g64.view); }, {ErrorCode::dtype_mismatch}, name, {Entry::backward});
-    expect_error([&](ErrFixture&) { return put(g54.view); }, {ErrorCode::shape_mismatch}, name, {Entry::backward});
-    expect_error([&](ErrFixture&) { return put(g20.view); }, {ErrorCode::shape_mismatch}, name, {Entry::backward});
+  static const Tensor g64 = Tensor::make(DType::f64, {4, 5}), g54 = Tensor::make(DType::f32, {5, 4}),
+                      g20 = Tensor::make(DType::f32, {20}), g5 = Tensor::make(DType::f32, {1, 5}),
+                      g4 = Tensor::make(DType::f32, {4, 1});
+  for (const Slot slot : {&Views::gx, &Views::gy}) {
+    const std::string name = slot == &Views::gx ? "grad_input" : "grad_target";
+    expect_error(put(slot, g64.view), {ErrorCode::dtype_mismatch}, name, kBwd);
+    expect_error(put(slot, g54.view), {ErrorCode::shape_mismatch}, name, kBwd);
+    expect_error(put(slot, g20.view), {ErrorCode::shape_mismatch}, name, kBwd);
     // a zero stride on a dim of size > 1: repeated elements
-    expect_error(
-        [&](ErrFixture&) {
-          TensorView t = g5.view;
-          t.shape[0] = 4, t.strides[0] = 0;
-          return put(t);
-        },
-        {ErrorCode::bad_pointer, ErrorCode::invalid_value}, name, {Entry::backward});
-    expect_error(
-        [&](ErrFixture&) {
-          TensorView t = g4.view;
-          t.shape[1] = 5, t.strides[1] = 0;
-          return put(t);
-        },
-        {ErrorCode::bad_pointer, ErrorCode::invalid_value}, name, {Entry::backward});
+    TensorView rows = g5.view, cols = g4.view;
+    rows.shape[0] = 4, rows.strides[0] = 0;
+    cols.shape[1] = 5, cols.strides[1] = 0;
+    for (const TensorView& t : {rows, cols}) {
+      expect_error(put(slot, t), {ErrorCode::bad_pointer, ErrorCode::invalid_value}, name, kBwd);
+    }
     // no zero stride, but rows that overlap: strides (1, 1) and (4, 1) over a (4, 5) gradient
     for (std::int64_t row_stride : {1, 4}) {
-      expect_error(
-          [&](ErrFixture&) {
-            TensorView t = g20.view;
-            t.ndim = 2, t.shape[0] = 4, t.shape[1] = 5, t.strides[0] = row_stride, t.strides[1] = 1;
-            return put(t);
-          },
-          {ErrorCode::bad_pointer}, name, {Entry::backward});
+      TensorView t = g20.view;
+      t.ndim = 2, t.shape[0] = 4, t.shape[1] = 5, t.strides[0] = row_stride, t.strides[1] = 1;
+      expect_error(put(slot, t), {ErrorCode::bad_pointer}, name, kBwd);
     }
   }
 }
 TEST(PointwiseErrors, OverlappingBuffers) {
-  // gradient over an input
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.gx = f.input.view;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward});
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.gy = f.target.view;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_target", {Entry::backward});
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.gy = f.input.view;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_target", {Entry::backward});
-  // the two gradients on one buffer, and shifted by one element
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.gy = f.gx.view;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward});
+  // a gradient over an input; the two gradients on one buffer
+  expect_error(alias(&Views::gx, &ErrFixture::input), {ErrorCode::bad_pointer}, "grad_input", kBwd);
+  expect_error(alias(&Views::gy, &ErrFixture::target), {ErrorCode::bad_pointer}, "grad_target", kBwd);
+  expect_error(alias(&Views::gy, &ErrFixture::input), {ErrorCode::bad_pointer}, "grad_target", kBwd);
+  expect_error(alias(&Views::gy, &ErrFixture::gx), {ErrorCode::bad_pointer}, "grad_input", kBwd);
+  // the two gradients shifted by one element
   static Tensor big = Tensor::make(DType::f32, {64}, Layout::contiguous, kSentinel);
   expect_error(
       [](ErrFixture&) {
@@ -953,8 +858,8 @@ TEST(PointwiseErrors, OverlappingBuffers) {
         v.gy = TensorView::contiguous(big.storage.data() + 4 * 19, DType::f32, {4, 5});
         return v;
       },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward});
-  // gradient over the weight / the upstream gradient
+      {ErrorCode::bad_pointer}, "grad_input", kBwd);
+  // a gradient over the weight / the upstream gradient; the loss over the input / target
   expect_error(
       [](ErrFixture& f) {
         Views v;
@@ -962,118 +867,45 @@ TEST(PointwiseErrors, OverlappingBuffers) {
         v.gx = f.weight.view;
         return v;
       },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward}, kWeighted);
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.up = TensorView::contiguous(f.gx.view.data, DType::f32, {});
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward});
-  // the loss over the input / target
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.loss = TensorView::contiguous(f.input.view.data, DType::f32, {});
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture& f) {
-        f.c.red = Reduction::none;
-        Views v;
-        v.loss = TensorView::contiguous(f.target.view.data, DType::f32, {4, 5});
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "loss", {Entry::forward});
+      {ErrorCode::bad_pointer}, "grad_input", kBwd, kWeighted);
+  const auto over = [](Slot slot, Tensor ErrFixture::*buffer, Reduction red, std::vector<std::int64_t> shape) {
+    return ErrSetup([=](ErrFixture& f) {
+      f.c.red = red;
+      Views v;
+      v.*slot = TensorView::contiguous((f.*buffer).view.data, DType::f32, shape.data(), static_cast<int>(shape.size()));
+      return v;
+    });
+  };
+  expect_error(over(&Views::up, &ErrFixture::gx, kMean, {}), {ErrorCode::bad_pointer}, "grad_input", kBwd);
+  expect_error(over(&Views::loss, &ErrFixture::input, kMean, {}), {ErrorCode::bad_pointer}, "loss", kFwd);
+  expect_error(over(&Views::loss, &ErrFixture::target, kNone, {4, 5}), {ErrorCode::bad_pointer}, "loss", kFwd);
 }
 TEST(PointwiseErrors, NullAndMisalignedPointers) {
   static Tensor raw = Tensor::make(DType::f32, {64}, Layout::contiguous, kSentinel);
-  auto misaligned = [] { return TensorView::contiguous(raw.storage.data() + 2, DType::f32, {4, 5}); };
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.input = f.input.view;
-        v.input->data = nullptr;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "input");
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.target = f.target.view;
-        v.target->data = nullptr;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "target");
-  expect_error(
-      [misaligned](ErrFixture&) {
-        Views v;
-        v.input = misaligned();
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "input");
-  expect_error(
-      [misaligned](ErrFixture&) {
-        Views v;
-        v.target = misaligned();
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "target");
-  expect_error(
-      [misaligned](ErrFixture&) {
-        Views v;
-        v.weight = misaligned();
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "weight", {Entry::forward, Entry::backward}, kWeighted);
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.loss = f.loss.view;
-        v.loss->data = nullptr;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "loss", {Entry::forward});
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.gx = f.gx.view;
-        v.gx->data = nullptr;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_input", {Entry::backward});
-  expect_error(
-      [misaligned](ErrFixture&) {
-        Views v;
-        v.gy = misaligned();
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_target", {Entry::backward});
-  expect_error(
-      [](ErrFixture& f) {
-        Views v;
-        v.up = f.up.view;
-        v.up->data = nullptr;
-        return v;
-      },
-      {ErrorCode::bad_pointer}, "grad_loss", {Entry::backward});
+  const TensorView misaligned = TensorView::contiguous(raw.storage.data() + 2, DType::f32, {4, 5});
+  expect_error(null_data(&Views::input, &ErrFixture::input), {ErrorCode::bad_pointer}, "input");
+  expect_error(null_data(&Views::target, &ErrFixture::target), {ErrorCode::bad_pointer}, "target");
+  expect_error(put(&Views::input, misaligned), {ErrorCode::bad_pointer}, "input");
+  expect_error(put(&Views::target, misaligned), {ErrorCode::bad_pointer}, "target");
+  expect_error(put(&Views::weight, misaligned), {ErrorCode::bad_pointer}, "weight", kBoth, kWeighted);
+  expect_error(null_data(&Views::loss, &ErrFixture::loss), {ErrorCode::bad_pointer}, "loss", kFwd);
+  expect_error(null_data(&Views::gx, &ErrFixture::gx), {ErrorCode::bad_pointer}, "grad_input", kBwd);
+  expect_error(put(&Views::gy, misaligned), {ErrorCode::bad_pointer}, "grad_target", kBwd);
+  expect_error(null_data(&Views::up, &ErrFixture::up), {ErrorCode::bad_pointer}, "grad_loss", kBwd);
 }
 TEST(PointwiseErrors, BetaDeltaReduction) {
-  for (double beta : {-1.0, -1e-300, kNaN, kInf})
-    expect_error(
-        [beta](ErrFixture& f) {
-          f.c.param = beta;
-          return Views{};
-        },
-        {ErrorCode::invalid_value}, "beta", {Entry::forward, Entry::backward}, {PwLoss::smooth_l1});
-  for (double delta : {0.0, -0.0, -2.0, kNaN, kInf})
-    expect_error(
-        [delta](ErrFixture& f) {
-          f.c.param = delta;
-          return Views{};
-        },
-        {ErrorCode::invalid_value}, "delta", {Entry::forward, Entry::backward}, {PwLoss::huber});
+  const auto param = [](double v) {
+    return ErrSetup([v](ErrFixture& f) {
+      f.c.param = v;
+      return Views{};
+    });
+  };
+  for (double beta : {-1.0, -1e-300, kNaN, kInf}) {
+    expect_error(param(beta), {ErrorCode::invalid_value}, "beta", kBoth, {PwLoss::smooth_l1});
+  }
+  for (double delta : {0.0, -0.0, -2.0, kNaN, kInf}) {
+    expect_error(param(delta), {ErrorCode::invalid_value}, "delta", kBoth, {PwLoss::huber});
+  }
   expect_error(
       [](ErrFixture& f) {
         f.c.red = static_cast<Reduction>(7);
