@@ -29,9 +29,9 @@ enum PwView : int { kPwX = 0, kPwY, kPwZ, kPwW, kPwGX, kPwGY, kPwGZ, kPwGO, kPwV
 struct PwParams {
   LossKind kind = LossKind::mse;  // one of the eleven elementwise kinds (include/lossfuse/pointwise.hpp)
   bool backward = false;
-  DType dtype = DType::f32;      // every floating operand and gradient
+  DType dtype = DType::f32;        // every floating operand and gradient
   const void* ptr[kPwViews] = {};  // nullptr: absent
-  int ndim = 1;                  // >= 1 (a 0-d problem is one row of one element)
+  int ndim = 1;                    // >= 1 (a 0-d problem is one row of one element)
   std::int64_t shape[kMaxDims] = {};
   std::int64_t strides[kPwViews][kMaxDims] = {};
   std::int64_t numel = 0, inner = 1, rows = 0;
