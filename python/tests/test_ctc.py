@@ -258,7 +258,7 @@ def test_non_contiguous_and_expanded_inputs():
     check_against_torch(lp, cat[:30], il, tl_cat, torch.float32)
 
 
-# ---- edge cases (torch-loss-semantics.md, ctc_loss row) ------------------------------------------------------------
+# ---- edge cases (docs/semantics.md, CTC) -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)

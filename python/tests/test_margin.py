@@ -285,7 +285,7 @@ def test_multilabel_soft_margin_random(data, rows, C, dtype, reduction, weighted
     check_against_torch("multilabel_soft_margin_loss", [x, t], kwargs, (0, 1), dtype, grad_terms=target_terms)
 
 
-# ---- edge cases of torch-loss-semantics.md -----------------------------------------------------------------------
+# ---- edge cases of docs/semantics.md ---------------------------------------------------------------------------------
 
 
 def test_triplet_eps_is_added_to_the_difference():

@@ -1,6 +1,6 @@
 // lossfuse tests: the float64 scalar reference of the margin and embedding losses (triplet_margin,
 // cosine_embedding, multi_margin, multilabel_margin, multilabel_soft_margin). Written from the formulas in
-// /work/shared/reference/torch-loss-semantics.md and torch.nn.functional's definitions (checked against
+// docs/semantics.md and torch.nn.functional's definitions (checked against
 // torch 2.15 on the CPU), never from the library code.
 //
 // Every input is a canonical row-major (rows, D) float64 matrix (D the last dim), targets are per row or per

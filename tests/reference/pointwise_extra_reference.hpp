@@ -1,6 +1,6 @@
 // lossfuse test reference: the elementwise losses bce, bce_with_logits, kl_div, poisson_nll, gaussian_nll,
 // hinge_embedding and margin_ranking of one element in float64, written from the formulas of
-// torch.nn.functional (see /work/shared/reference/torch-loss-semantics.md), independently of src/math.
+// torch.nn.functional (see docs/semantics.md), independently of src/math.
 // Each result also carries a magnitude per output (the sum of the absolute values of the terms it adds), from
 // which the tests derive their error budget: a computation in a type with unit roundoff u is within a small
 // multiple of u * magnitude.

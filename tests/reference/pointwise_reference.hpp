@@ -1,6 +1,6 @@
 // lossfuse tests: the float64 reference of the elementwise losses (torch.nn.functional mse_loss, l1_loss,
 // smooth_l1_loss, huber_loss), forward and backward. Written from the formulas in
-// /work/shared/reference/torch-loss-semantics.md and checked against CPU PyTorch 2.15, never from the library.
+// docs/semantics.md and checked against CPU PyTorch 2.15, never from the library.
 //
 // Works on flat float64 vectors in logical row-major order (an expanded operand is passed expanded); the
 // tests gather strided tensors of any dtype into that form. d = x - y.

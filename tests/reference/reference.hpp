@@ -1,5 +1,5 @@
 // lossfuse tests: the float64 scalar reference. Written from the formulas in
-// /work/shared/reference/torch-loss-semantics.md (PyTorch is the oracle), never from the library code.
+// docs/semantics.md (PyTorch is the oracle), never from the library code.
 //
 // Everything here works on a canonical row-major (rows, C) float64 matrix: row r is the r-th element of the
 // target in row-major order, column c the class. The tests gather strided tensors of any dtype into that
