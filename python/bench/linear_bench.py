@@ -68,14 +68,13 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_bench import (  # noqa: E402  (the sibling script: shared machinery; it imports only the stdlib)
-    DTYPE_ALIASES, DTYPE_NAMES, MB, _malloc_trim, _parse_list, _proc_status_kb, _use_source_tree, cpu_model,
-    time_config)
+    DTYPE_ALIASES, DTYPE_NAMES, MB, _malloc_trim, _parse_list, _use_source_tree, cpu_model, peak_kb_of,
+    run_memory_child, time_config)
 
 ISSUE_SHAPES = [(4096, 2048, 32000), (4096, 2048, 128256), (2048, 2304, 256000)]
 QUICK_SHAPES = [(512, 256, 8000), (1024, 512, 16000)]
@@ -310,27 +309,12 @@ def result_bytes(bt, h, v, elsize, mode, bias):
 
 def memory_child(spec, torch, fns):
     """Runs one (contender, shape, dtype, mode) as described in the module docstring; prints one JSON line."""
-    import resource
     bt, h, v, dtype_name, mode, name = (spec[k] for k in ("bt", "h", "v", "dtype", "mode", "contender"))
     x, w, b, t = make_inputs(torch, bt, h, v, dtype_name, spec["bias"])
     r = min(bt, WARMUP_ROWS)
     make_call(torch, fns, name, mode, x[:r].clone(), w, b, t[:r].clone())()  # warm-up, on a few rows
-    gc.collect()
-    _malloc_trim()
-    call = make_call(torch, fns, name, mode, x, w, b, t)
-    baseline_kb = _proc_status_kb("VmRSS")
-    exact = True
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        exact = False
-    call()
-    if exact:
-        high_kb = _proc_status_kb("VmHWM")
-    else:  # ru_maxrss: kilobytes on Linux; a high-water mark since the process started
-        high_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_bytes": (high_kb - baseline_kb) * 1024, "exact": exact}))
+    peak_kb, exact = peak_kb_of(make_call(torch, fns, name, mode, x, w, b, t))
+    print(json.dumps({"peak_bytes": peak_kb * 1024, "exact": exact}))
 
 
 def measure_memory(spec, args):
@@ -345,14 +329,7 @@ def measure_memory(spec, args):
         cmd.append("--installed")
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
-    # A fixed mmap threshold (glibc's initial one, 128 KiB) stops glibc from raising it after frees, so every large
-    # block is mmap'ed and unmapped on free, and resident memory follows the live blocks.
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        tail = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
-        return {"error": tail}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_memory_child(cmd, {})
 
 
 # ---- one configuration -------------------------------------------------------------------------------------------

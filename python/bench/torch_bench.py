@@ -292,33 +292,51 @@ def _malloc_trim():
         pass
 
 
+def peak_kb_of(call):
+    """(kilobytes call() adds to the resident high-water mark, exact): after a collection and malloc_trim, the
+    high-water mark is reset through /proc/self/clear_refs; where that is refused (exact False), ru_maxrss, the
+    process's high-water mark since it started, stands in."""
+    gc.collect()
+    _malloc_trim()
+    baseline_kb = _proc_status_kb("VmRSS")
+    exact = True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        exact = False
+    call()
+    # ru_maxrss: kilobytes on Linux
+    high_kb = _proc_status_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return high_kb - baseline_kb, exact
+
+
+def run_memory_child(cmd, env_extra):
+    """Runs a memory child (cmd) in a fresh interpreter; returns the dict of its last output line, or
+    {'error': ...}. MALLOC_MMAP_THRESHOLD_: a fixed threshold (glibc's initial one, 128 KiB) stops glibc from raising
+    it after frees, so every large block is mmap'ed and unmapped on free, and resident memory follows the live
+    blocks."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", **env_extra)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
+        return {"error": tail}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def memory_child(spec, torch, torch_ce, lossfuse_ce):
     """Runs one (contender, shape, dtype, mode) as described in the module docstring; prints one JSON line."""
-    import resource
     n, v, dtype_name, mode, contender = spec["n"], spec["v"], spec["dtype"], spec["mode"], spec["contender"]
     x, y = make_inputs(torch, n, v, dtype_name)
     call = make_call(torch, make_contender(contender, torch_ce, lossfuse_ce), mode, x, y, contender == "inplace")
     run_call(call)  # warm-up: one-time initialisation, and compilation for 'compile'
-    peak_kb, exact = 0, True
+    peaks = []
     for _ in range(2):
         prepare = getattr(call, "prepare", None)
         if prepare is not None:
             prepare()  # the in-place contender's fresh logits: an input, made before the baseline
-        gc.collect()
-        _malloc_trim()
-        baseline_kb = _proc_status_kb("VmRSS")
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            exact = False
-        call()
-        if exact:
-            high_kb = _proc_status_kb("VmHWM")
-        else:  # ru_maxrss: kilobytes on Linux; a high-water mark since the process started
-            high_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_kb = max(peak_kb, high_kb - baseline_kb)
-    print(json.dumps({"peak_bytes": peak_kb * 1024, "exact": exact}))
+        peaks.append(peak_kb_of(call))
+    print(json.dumps({"peak_bytes": max(kb for kb, _ in peaks) * 1024, "exact": all(e for _, e in peaks)}))
 
 
 def measure_memory(spec, args):
@@ -328,15 +346,8 @@ def measure_memory(spec, args):
         cmd.append("--installed")
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
-    # TORCHINDUCTOR_COMPILE_THREADS=1: compile in-process, no worker pool to start. MALLOC_MMAP_THRESHOLD_: a fixed
-    # threshold (glibc's initial one, 128 KiB) stops glibc from raising it after frees, so every large block is
-    # mmap'ed and unmapped on free, and resident memory follows the live blocks.
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        tail = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
-        return {"error": tail}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    # TORCHINDUCTOR_COMPILE_THREADS=1: compile in-process, no worker pool to start
+    return run_memory_child(cmd, {"TORCHINDUCTOR_COMPILE_THREADS": "1"})
 
 
 # ---- timing ------------------------------------------------------------------------------------------------------
