@@ -73,7 +73,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_bench import (  # noqa: E402  (the sibling script: shared machinery; it imports only the stdlib)
-    DTYPE_ALIASES, DTYPE_NAMES, MB, _malloc_trim, _parse_list, _use_source_tree, cpu_model, peak_kb_of,
+    DTYPE_NAMES, MB, _malloc_trim, _parse_list, _use_source_tree, cpu_model, parse_shared_args, peak_kb_of,
     run_memory_child, time_config)
 
 ISSUE_SHAPES = [(4096, 2048, 32000), (4096, 2048, 128256), (2048, 2304, 256000)]
@@ -131,9 +131,6 @@ def parse_args(argv):
     p.add_argument("--shapes", type=_parse_shapes, metavar="LIST",
                    help="comma-separated BTxHxV shapes (default: the issue's " + _fmt_shapes(ISSUE_SHAPES)
                    + "; with --quick: " + _fmt_shapes(QUICK_SHAPES) + ")")
-    p.add_argument("--dtypes", type=lambda s: _parse_list(s, list(DTYPE_NAMES), DTYPE_ALIASES, "dtype"),
-                   default=["f32", "bf16"], metavar="LIST",
-                   help="comma-separated: f32, bf16, f16, f64 (default f32,bf16)")
     p.add_argument("--modes", type=lambda s: _parse_list(s, MODES, MODE_ALIASES, "mode"), default=["fwdbwd"],
                    metavar="LIST", help="comma-separated: fwdbwd (loss and gradients), fwd (loss only) "
                    "(default fwdbwd)")
@@ -148,21 +145,10 @@ def parse_args(argv):
     p.add_argument("--vocab-tile", type=int, default=None, metavar="N",
                    help="lossfuse's vocab_tile (default: lossfuse's, 1024 for 16-bit weights, else 0: whole rows)")
     p.add_argument("--no-bias", action="store_true", help="no linear bias (default: a bias that requires grad)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="torch.set_num_threads(N) for all contenders (default: torch.get_num_threads())")
     p.add_argument("--reps", type=int, metavar="N", help="timed calls per contender (default 1; 3 with --quick)")
     p.add_argument("--quick", action="store_true", help="small shapes, 3 reps (a smoke test)")
     p.add_argument("--no-torch-lce", action="store_true", help="leave out torch's linear_cross_entropy")
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--csv", metavar="PATH", help="also write the results as CSV, one row per contender")
-    p.add_argument("--installed", action="store_true",
-                   help="use the installed lossfuse package instead of the source tree's python/lossfuse")
-    p.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be >= 1")
-    if a.reps is not None and a.reps < 1:
-        p.error("--reps must be >= 1")
+    a = parse_shared_args(p, argv)
     if a.chunk_rows < 0:
         p.error("--chunk-rows must be >= 0")
     if a.vocab_tile is not None and a.vocab_tile < 0:

@@ -123,6 +123,27 @@ def _parse_list(text, allowed, aliases, what):
     return out
 
 
+def parse_shared_args(p, argv):
+    """Adds the options every bench script takes (dtypes, threads, memory, csv, installed, and the memory child's)
+    to p, which has its own and a --reps, then parses argv and checks the shared ones."""
+    p.add_argument("--dtypes", type=lambda s: _parse_list(s, list(DTYPE_NAMES), DTYPE_ALIASES, "dtype"),
+                   default=["f32", "bf16"], metavar="LIST",
+                   help="comma-separated: f32, bf16, f16, f64 (default f32,bf16)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch.set_num_threads(N) for all contenders (default: torch.get_num_threads())")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--csv", metavar="PATH", help="also write the results as CSV, one row per contender")
+    p.add_argument("--installed", action="store_true",
+                   help="use the installed lossfuse package instead of the source tree's python/lossfuse")
+    p.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.threads is not None and a.threads < 1:
+        p.error("--threads must be >= 1")
+    if a.reps is not None and a.reps < 1:
+        p.error("--reps must be >= 1")
+    return a
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="lossfuse bench-torch" if os.environ.get("LOSSFUSE_CLI") else "torch_bench.py",
@@ -135,13 +156,8 @@ def parse_args(argv):
     p.add_argument("--shapes", type=_parse_shapes, metavar="LIST",
                    help="comma-separated NxV shapes (default: " + ",".join(f"{n}x{v}" for n, v in DEFAULT_SHAPES)
                    + "; with --quick: " + ",".join(f"{n}x{v}" for n, v in QUICK_SHAPES) + ")")
-    p.add_argument("--dtypes", type=lambda s: _parse_list(s, list(DTYPE_NAMES), DTYPE_ALIASES, "dtype"),
-                   default=["f32", "bf16"], metavar="LIST",
-                   help="comma-separated: f32, bf16, f16, f64 (default f32,bf16)")
     p.add_argument("--modes", type=lambda s: _parse_list(s, MODES, MODE_ALIASES, "mode"), default=list(MODES),
                    metavar="LIST", help="comma-separated: fwd (loss only), fwdbwd (loss and gradient) (default both)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="torch.set_num_threads(N) for all contenders (default: torch.get_num_threads())")
     p.add_argument("--reps", type=int, metavar="N",
                    help="timed calls per contender (default: adaptive, 5 to 50 until --min-time; 3 to 15 with --quick)")
     p.add_argument("--min-time", type=float, metavar="S",
@@ -150,18 +166,9 @@ def parse_args(argv):
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     p.add_argument("--inplace", action="store_true",
                    help="also time lossfuse's cross_entropy(inplace=True) (fwdbwd), on fresh logits each call")
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--neighbours", action="store_true",
                    help="also time lossfuse alone and with each other contender called between its calls")
-    p.add_argument("--csv", metavar="PATH", help="also write the results as CSV, one row per contender")
-    p.add_argument("--installed", action="store_true",
-                   help="use the installed lossfuse package instead of the source tree's python/lossfuse")
-    p.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be >= 1")
-    if a.reps is not None and a.reps < 1:
-        p.error("--reps must be >= 1")
+    a = parse_shared_args(p, argv)
     if a.min_time is not None and not a.min_time > 0:
         p.error("--min-time must be > 0")
     if a.shapes is None:
