@@ -755,17 +755,22 @@ ErrSetup put(Slot slot, const TensorView& t, Reduction red = kMean) {
     return v;
   };
 }
-// ... by one of the fixture's own buffers (an alias), or that buffer's view with a null data pointer.
-ErrSetup alias(Slot slot, Tensor ErrFixture::*buffer, Reduction red = kMean, bool null_data = false) {
-  return [slot, buffer, red, null_data](ErrFixture& f) {
-    f.c.red = red;
+// ... by one of the fixture's own buffers (an alias of it).
+ErrSetup alias(Slot slot, Tensor ErrFixture::*buffer) {
+  return [slot, buffer](ErrFixture& f) {
     Views v;
     v.*slot = (f.*buffer).view;
-    if (null_data) (v.*slot)->data = nullptr;
     return v;
   };
 }
-ErrSetup null_data(Slot slot, Tensor ErrFixture::*buffer) { return alias(slot, buffer, kMean, true); }
+// ... by that buffer's view with a null data pointer.
+ErrSetup null_data(Slot slot, Tensor ErrFixture::*buffer) {
+  return [slot, setup = alias(slot, buffer)](ErrFixture& f) {
+    Views v = setup(f);
+    (v.*slot)->data = nullptr;
+    return v;
+  };
+}
 
 TEST(PointwiseErrors, ValidFixtureRuns) {
   for (PwLoss l : kLosses) {
