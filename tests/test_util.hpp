@@ -9,13 +9,13 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
-#include <sstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "lossfuse/lossfuse.hpp"
 #include "dtype_io.hpp"
+#include "lossfuse/lossfuse.hpp"
 #include "reference/reference.hpp"
 
 namespace lftest {
@@ -109,7 +109,10 @@ struct Tensor {
     return *this;
   }
   Tensor(Tensor&& o) noexcept
-      : dtype(o.dtype), shape(std::move(o.shape)), strides(std::move(o.strides)), base(o.base),
+      : dtype(o.dtype),
+        shape(std::move(o.shape)),
+        strides(std::move(o.strides)),
+        base(o.base),
         storage(std::move(o.storage)) {
     rebind();
   }
@@ -150,7 +153,8 @@ struct Tensor {
 
   void rebind() {
     view = TensorView{};
-    view.data = storage.empty() ? nullptr : storage.data() + base * static_cast<std::int64_t>(lossfuse::dtype_size(dtype));
+    view.data =
+        storage.empty() ? nullptr : storage.data() + base * static_cast<std::int64_t>(lossfuse::dtype_size(dtype));
     view.dtype = dtype;
     view.ndim = static_cast<int>(shape.size());
     for (int d = 0; d < view.ndim; ++d) view.shape[d] = shape[d], view.strides[d] = strides[d];
@@ -268,8 +272,8 @@ inline void scatter_rows(Tensor& t, const std::vector<double>& v) {
 // ulp_out the spacing of the output dtype (rounding of the stored result).
 
 inline ::testing::AssertionResult close_all(const std::string& what, const std::vector<double>& actual,
-                                            const std::vector<double>& ref, const std::vector<double>& tol,
-                                            DType out, double ulps = 1.0) {
+                                            const std::vector<double>& ref, const std::vector<double>& tol, DType out,
+                                            double ulps = 1.0) {
   if (actual.size() != ref.size())
     return ::testing::AssertionFailure() << what << ": size " << actual.size() << " vs reference " << ref.size();
   std::ostringstream os;
@@ -279,8 +283,10 @@ inline ::testing::AssertionResult close_all(const std::string& what, const std::
     const double a = actual[i], r = ref[i];
     bool ok;
     double allowed = 0;
-    if (std::isnan(r)) ok = std::isnan(a);
-    else if (std::isinf(r)) ok = a == r;
+    if (std::isnan(r))
+      ok = std::isnan(a);
+    else if (std::isinf(r))
+      ok = a == r;
     else {
       allowed = (tol.empty() ? 0.0 : tol[i]) + ulps * ulp_of(out, r);
       ok = std::isfinite(a) && std::fabs(a - r) <= allowed;
@@ -298,10 +304,10 @@ inline ::testing::AssertionResult close_all(const std::string& what, const std::
     int listed = 0;
     for (std::size_t i = 0; i < ref.size() && listed < 64; ++i) {
       const double a = actual[i], r = ref[i];
-      const bool ok = std::isnan(r) ? std::isnan(a)
+      const bool ok = std::isnan(r)   ? std::isnan(a)
                       : std::isinf(r) ? a == r
-                                      : std::isfinite(a) && std::fabs(a - r) <= (tol.empty() ? 0.0 : tol[i]) +
-                                                                                    ulps * ulp_of(out, r);
+                                      : std::isfinite(a) &&
+                                            std::fabs(a - r) <= (tol.empty() ? 0.0 : tol[i]) + ulps * ulp_of(out, r);
       if (!ok) os << " " << i, ++listed;
     }
     if (bad > listed) os << " ...";
@@ -346,7 +352,6 @@ struct ThreadsGuard {
   ThreadsGuard& operator=(const ThreadsGuard&) = delete;
 };
 
-
 // Names and value lists shared by the parameterized tests.
 inline constexpr DType kFloats[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 inline constexpr Reduction kReds[] = {Reduction::none, Reduction::mean, Reduction::sum};
@@ -375,5 +380,16 @@ inline std::string shape_name(const std::vector<std::int64_t>& s) {
   return r.empty() ? "scalar" : r;
 }
 inline std::string red_name(Reduction r) { return std::string(lossfuse::reduction_name(r)); }
+// 0.25 -> "0p25", -0.25 -> "m0p25": option values for test names.
+inline std::string num_name(double v) {
+  std::string s = std::to_string(v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  for (auto& ch : s) {
+    if (ch == '.') ch = 'p';
+    if (ch == '-') ch = 'm';
+  }
+  return s;
+}
 
 }  // namespace lftest

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/class_harness.hpp"
 #include "device_mirror.hpp"
 #include "test_util.hpp"
 
@@ -15,42 +16,18 @@ using lossfuse::CrossEntropyOptions;
 using lossfuse::CrossEntropyOutputs;
 using lossfuse::GradWrite;
 
-enum class Up { absent, scalar, per_row };
-
-struct Spec {
-  std::string name;
-  DType dt = DType::f32;   // logits
-  DType tdt = DType::i64;  // index targets
-  std::optional<DType> wdt;  // weight dtype (default: the logits' dtype)
-  std::vector<std::int64_t> shape{6, 31};
-  Layout layout = Layout::contiguous;
-  Layout grad_layout = Layout::contiguous;
-  bool soft = false;
+struct Spec : ClassSpec {
+  bool soft = false;  // probability targets (the logits' shape and dtype) in place of class indices
   bool soft_unnormalized = false;
-  Reduction red = Reduction::mean;
-  bool weight = false;
-  std::int64_t ignore_index = -100;
-  double ignore_frac = 0;  // fraction of rows whose target is ignore_index
-  std::int64_t zero_weights = 0;  // with weight: classes [0, zero_weights) weigh 0, and every kept target is one
-  double eps = 0, scale = 1, cap = 0, zs = 0;
-  Up up = Up::absent;
-  double up_scalar = 0.37;
-  double stdev = 2.0;
-  std::uint64_t seed = 1;
-  // Edits the generated (rows, C) logits and targets before they are stored (adversarial values).
-  std::function<void(Rng&, std::int64_t R, std::int64_t C, std::vector<double>& x, std::vector<std::int64_t>& t)>
-      edit;
-  bool with_lse = true, with_z = true;
+  double eps = 0, scale = 1, cap = 0, zs = 0;  // label smoothing, logit_scale, softcap, z_loss_scale
+  double stdev = 2.0;                          // of the logits
+  bool with_lse = true, with_z = true;         // the optional outputs asked for
+  Spec() { shape = {6, 31}, up_scalar = 0.37; }
 };
 
-inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.name; }
-
-struct Problem {
+struct Problem : ClassOperands {
   Spec s;
-  std::int64_t R = 0, C = 0;
-  std::vector<std::int64_t> rshape;
-  Tensor logits, target;
-  std::optional<Tensor> weight, grad_loss;
+  Tensor logits;
   lfref::CeInput in;
   lfref::CeResult ref;
 
@@ -65,10 +42,6 @@ struct Problem {
     o.z_loss_scale = s.zs;
     return o;
   }
-  [[nodiscard]] std::optional<TensorView> up() const {
-    if (grad_loss) return grad_loss->view;
-    return std::nullopt;
-  }
   [[nodiscard]] DType acc() const { return acc_dtype(s.dt); }
   [[nodiscard]] std::vector<std::int64_t> loss_shape() const {
     return s.red == Reduction::none ? rshape : std::vector<std::int64_t>{};
@@ -81,30 +54,21 @@ struct Problem {
 inline Problem build(const Spec& s) {
   Problem p;
   p.s = s;
-  const std::vector<std::int64_t>& shape = s.shape;
-  p.C = shape[class_dim(shape)];
-  p.rshape = row_shape(shape);
-  p.R = prod(p.rshape);
+  init_rows(s, p);
   const std::int64_t R = p.R, C = p.C;
   Rng rng(s.seed * 7919 + static_cast<std::uint64_t>(C) * 31 + static_cast<std::uint64_t>(R));
 
   std::vector<double> x(static_cast<std::size_t>(R * C));
   for (auto& v : x) v = s.stdev * rng.normal();
-  std::vector<std::int64_t> t(static_cast<std::size_t>(R));
-  for (auto& v : t) v = rng.uniform() < s.ignore_frac ? s.ignore_index : rng.index(C);
-  if (s.zero_weights > 0)
-    for (auto& v : t)
-      if (v != s.ignore_index) v %= s.zero_weights;
+  std::vector<std::int64_t> t = draw_targets(s, rng, R, C);
   if (s.edit) s.edit(rng, R, C, x, t);
 
-  p.logits = Tensor::make(s.dt, shape, s.layout, kSentinel);
+  p.logits = Tensor::make(s.dt, s.shape, s.layout, kSentinel);
   scatter_rows(p.logits, x);
   p.in.x = gather_rows(p.logits);  // the stored (rounded) values
-  p.in.rows = R;
-  p.in.C = C;
 
   if (s.soft) {
-    p.target = Tensor::make(s.dt, shape, Layout::contiguous);
+    p.target = Tensor::make(s.dt, s.shape, Layout::contiguous);
     std::vector<double> q(static_cast<std::size_t>(R * C));
     for (std::int64_t r = 0; r < R; ++r) {
       double sum = 0;
@@ -119,34 +83,13 @@ inline Problem build(const Spec& s) {
     scatter_rows(p.target, q);
     p.in.soft = gather_rows(p.target);
   } else {
-    p.target = Tensor::make(s.tdt, p.rshape);
-    for (std::int64_t r = 0; r < R; ++r) p.target.set_int(r, t[r]);
-    for (std::int64_t r = 0; r < R; ++r) p.in.target.push_back(p.target.get_int(r));
+    store_targets(s, t, p, p.in);
   }
-  if (s.weight) {
-    p.weight = Tensor::make(s.wdt.value_or(s.dt), {C});
-    // bfloat16-exact values, so every weight dtype holds them exactly
-    for (std::int64_t c = 0; c < C; ++c) {
-      p.weight->set(c, c < s.zero_weights ? 0.0 : lfref::round_to(rng.uniform(0.25, 2.0), lfref::kBF16));
-    }
-    p.in.weight = p.weight->values();
-  }
-  if (s.up == Up::per_row) {
-    p.grad_loss = Tensor::make(p.acc(), p.rshape);
-    for (std::int64_t r = 0; r < R; ++r) p.grad_loss->set(r, lfref::round_to(rng.uniform(-2.0, 2.0), lfref::kBF16));
-    p.in.grad_loss = p.grad_loss->values();
-    if (p.in.grad_loss.size() == 1) p.in.grad_loss.push_back(p.in.grad_loss[0]);  // keep "per row" for R == 1
-  } else if (s.up == Up::scalar) {
-    p.grad_loss = scalar_tensor(p.acc(), s.up_scalar);
-    p.in.grad_loss = {p.grad_loss->get(0)};
-  }
-  p.in.reduction = s.red;
-  p.in.ignore_index = s.ignore_index;
+  draw_weight_and_up(s, rng, p, p.in);
   p.in.label_smoothing = s.eps;
   p.in.logit_scale = s.scale;
   p.in.softcap = s.cap;
   p.in.z_loss_scale = s.zs;
-  p.in.u = compute_unit(s.dt);
   p.ref = lfref::cross_entropy(p.in);
   return p;
 }
@@ -268,17 +211,6 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
     check_grad(p, work, "forward_backward in_place");
     EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place forward_backward wrote outside the logits view";
   }
-}
-
-inline std::string fmt_num(double v) {  // 0.1 -> "0p1", for test names
-  std::string s = std::to_string(v);
-  while (!s.empty() && s.back() == '0') s.pop_back();
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  for (auto& ch : s) {
-    if (ch == '.') ch = 'p';
-    if (ch == '-') ch = 'm';
-  }
-  return s;
 }
 
 }  // namespace lftest::ce

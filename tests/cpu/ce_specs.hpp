@@ -13,13 +13,6 @@
 
 namespace lftest::ce {
 
-// Per-row upstream gradients for 'none', a scalar for the others (absent for some, to test the default 1).
-inline Up default_up(Reduction r, std::uint64_t k) {
-  if (r == Reduction::none) return k % 3 == 0 ? Up::absent : Up::per_row;
-  return k % 2 == 0 ? Up::scalar : Up::absent;
-}
-
-
 // ---- vocabulary sizes, including ones that are not multiples of any vector width ----------------------------
 inline std::vector<Spec> vocab_specs() {
   std::vector<Spec> v;
@@ -86,8 +79,11 @@ inline std::vector<Spec> option_specs() {
                   s.up = default_up(red, k);
                   s.seed = 1000 + ++k;
                   s.name = nm(dt) + "_" + red_name(red) + (w ? "_w" : "") +
-                           (ign == 1 ? "_ign" : ign == 2 ? "_ignclass2" : "") + "_eps" + fmt_num(eps) + "_cap" +
-                           fmt_num(cap) + "_z" + fmt_num(zs) + "_s" + fmt_num(scale);
+                           (ign == 1   ? "_ign"
+                            : ign == 2 ? "_ignclass2"
+                                       : "") +
+                           "_eps" + num_name(eps) + "_cap" + num_name(cap) + "_z" + num_name(zs) + "_s" +
+                           num_name(scale);
                   v.push_back(s);
                 }
   // label_smoothing at its ends, with weights and ignored rows
@@ -98,7 +94,7 @@ inline std::vector<Spec> option_specs() {
         s.dt = dt, s.red = red, s.weight = true, s.ignore_frac = 0.25, s.eps = eps, s.shape = {8, 10};
         s.up = default_up(red, k);
         s.seed = 5000 + ++k;
-        s.name = nm(dt) + "_" + red_name(red) + "_w_ign_eps" + fmt_num(eps);
+        s.name = nm(dt) + "_" + red_name(red) + "_w_ign_eps" + num_name(eps);
         v.push_back(s);
       }
   // weights of another float dtype than the logits; upstream gradient of other signs and sizes
@@ -132,7 +128,7 @@ inline std::vector<Spec> option_specs() {
       s.red = red, s.scale = scale, s.zs = 0.5, s.weight = true, s.eps = 0.05;
       s.up = default_up(red, k);
       s.seed = 8000 + ++k;
-      s.name = "scale" + fmt_num(scale) + "_z0p5_" + red_name(red);
+      s.name = "scale" + num_name(scale) + "_z0p5_" + red_name(red);
       v.push_back(s);
     }
   return v;
@@ -155,7 +151,7 @@ inline std::vector<Spec> soft_specs() {
             s.scale = (k % 5 == 2) ? 1.7 : 1.0;
             s.up = default_up(red, k);
             s.seed = 9000 + ++k;
-            s.name = nm(dt) + "_" + red_name(red) + "_" + shape_name(shape) + (w ? "_w" : "") + "_eps" + fmt_num(eps) +
+            s.name = nm(dt) + "_" + red_name(red) + "_" + shape_name(shape) + (w ? "_w" : "") + "_eps" + num_name(eps) +
                      (s.zs > 0 ? "_z" : "") + (s.cap > 0 ? "_cap" : "") + (s.scale != 1 ? "_scaled" : "");
             v.push_back(s);
           }
@@ -180,7 +176,8 @@ inline std::vector<Spec> soft_specs() {
 inline std::vector<Spec> shape_specs() {
   std::vector<Spec> v;
   std::uint64_t k = 0;
-  const std::vector<std::vector<std::int64_t>> shapes = {{7}, {1, 7}, {5, 33}, {3, 7, 5}, {2, 5, 3, 4}, {2, 3, 1, 2, 2}};
+  const std::vector<std::vector<std::int64_t>> shapes = {{7},       {1, 7},       {5, 33},
+                                                         {3, 7, 5}, {2, 5, 3, 4}, {2, 3, 1, 2, 2}};
   const Layout layouts[] = {Layout::contiguous, Layout::transposed, Layout::padded, Layout::class_last};
   for (DType dt : kFloats)
     for (Reduction red : kReds)
@@ -375,8 +372,8 @@ inline std::vector<Spec> adversarial_specs() {
             x[r * C + pos] = bad;
           }
         };
-        s.name = std::string(std::isnan(bad) ? "nan" : "posinf") + "_every_position_" + nm(dt) + "_C" +
-                 std::to_string(C);
+        s.name =
+            std::string(std::isnan(bad) ? "nan" : "posinf") + "_every_position_" + nm(dt) + "_C" + std::to_string(C);
         v.push_back(s);
       }
   // softcap with huge inputs saturates; z_loss with large lse
@@ -425,13 +422,13 @@ inline std::vector<Spec> edge_specs() {
         s.ignore_frac = 1.0;
         s.up = default_up(red, k);
         s.seed = 15000 + ++k;
-        s.name = "all_ignored_" + nm(dt) + "_" + red_name(red) + "_eps" + fmt_num(eps);
+        s.name = "all_ignored_" + nm(dt) + "_" + red_name(red) + "_eps" + num_name(eps);
         v.push_back(s);
         // rows remain, but every kept target's class weighs 0 (a quarter of the rows ignored): 'mean' is NaN with
         // NaN gradients in the kept rows, with label smoothing too (torch's separate division; not inf)
         s.ignore_frac = 0.25, s.zero_weights = 3;
         s.seed = 15000 + ++k;
-        s.name = "zero_target_weights_" + nm(dt) + "_" + red_name(red) + "_eps" + fmt_num(eps);
+        s.name = "zero_target_weights_" + nm(dt) + "_" + red_name(red) + "_eps" + num_name(eps);
         v.push_back(s);
       }
     }

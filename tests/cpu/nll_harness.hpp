@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/class_harness.hpp"
 #include "device_mirror.hpp"
 #include "test_util.hpp"
 
@@ -16,37 +17,13 @@ namespace lftest::nll {
 
 using lossfuse::NllOptions;
 
-enum class Up { absent, scalar, per_row };
-
-struct Spec {
-  std::string name;
-  DType dt = DType::f32, tdt = DType::i64;
-  std::optional<DType> wdt;
-  std::vector<std::int64_t> shape{6, 11};
-  Layout layout = Layout::contiguous, grad_layout = Layout::contiguous;
-  Reduction red = Reduction::mean;
-  bool weight = false;
-  std::int64_t ignore_index = -100;
-  double ignore_frac = 0;
-  Up up = Up::absent;
-  double up_scalar = -0.75;
-  std::uint64_t seed = 1;
-  std::function<void(Rng&, std::int64_t R, std::int64_t C, std::vector<double>& x, std::vector<std::int64_t>& t)>
-      edit;
+struct Spec : ClassSpec {
+  Spec() { shape = {6, 11}, up_scalar = -0.75; }
 };
-inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.name; }
 
-inline Up default_up(Reduction r, std::uint64_t k) {
-  if (r == Reduction::none) return k % 3 == 0 ? Up::absent : Up::per_row;
-  return k % 2 == 0 ? Up::scalar : Up::absent;
-}
-
-struct Problem {
+struct Problem : ClassOperands {
   Spec s;
-  std::int64_t R = 0, C = 0;
-  std::vector<std::int64_t> rshape;
-  Tensor input, target;
-  std::optional<Tensor> weight, grad_loss;
+  Tensor input;
   lfref::NllInput in;
   lfref::NllResult ref;
 
@@ -57,50 +34,24 @@ struct Problem {
     if (weight) o.weight = weight->view;
     return o;
   }
-  [[nodiscard]] std::optional<TensorView> up() const {
-    if (grad_loss) return grad_loss->view;
-    return std::nullopt;
-  }
   [[nodiscard]] DType acc() const { return acc_dtype(s.dt); }
 };
 
 inline Problem build(const Spec& s) {
   Problem p;
   p.s = s;
-  p.C = s.shape[class_dim(s.shape)];
-  p.rshape = row_shape(s.shape);
-  p.R = prod(p.rshape);
+  init_rows(s, p);
   const std::int64_t R = p.R, C = p.C;
   Rng rng(s.seed * 104729 + static_cast<std::uint64_t>(C * 17 + R));
   std::vector<double> x(static_cast<std::size_t>(R * C));
   for (auto& v : x) v = -std::fabs(3.0 * rng.normal());  // log-probability-like (any value is allowed)
-  std::vector<std::int64_t> t(static_cast<std::size_t>(R));
-  for (auto& v : t) v = rng.uniform() < s.ignore_frac ? s.ignore_index : rng.index(C);
+  std::vector<std::int64_t> t = draw_targets(s, rng, R, C);
   if (s.edit) s.edit(rng, R, C, x, t);
   p.input = Tensor::make(s.dt, s.shape, s.layout, kSentinel);
   scatter_rows(p.input, x);
-  p.target = Tensor::make(s.tdt, p.rshape);
-  for (std::int64_t r = 0; r < R; ++r) p.target.set_int(r, t[r]);
-  p.in.rows = R, p.in.C = C;
   p.in.x = gather_rows(p.input);
-  for (std::int64_t r = 0; r < R; ++r) p.in.target.push_back(p.target.get_int(r));
-  if (s.weight) {
-    p.weight = Tensor::make(s.wdt.value_or(s.dt), {C});
-    for (std::int64_t c = 0; c < C; ++c) p.weight->set(c, lfref::round_to(rng.uniform(0.25, 2.0), lfref::kBF16));
-    p.in.weight = p.weight->values();
-  }
-  if (s.up == Up::per_row) {
-    p.grad_loss = Tensor::make(p.acc(), p.rshape);
-    for (std::int64_t r = 0; r < R; ++r) p.grad_loss->set(r, lfref::round_to(rng.uniform(-2.0, 2.0), lfref::kBF16));
-    p.in.grad_loss = p.grad_loss->values();
-    if (p.in.grad_loss.size() == 1) p.in.grad_loss.push_back(p.in.grad_loss[0]);
-  } else if (s.up == Up::scalar) {
-    p.grad_loss = scalar_tensor(p.acc(), s.up_scalar);
-    p.in.grad_loss = {p.grad_loss->get(0)};
-  }
-  p.in.reduction = s.red;
-  p.in.ignore_index = s.ignore_index;
-  p.in.u = compute_unit(s.dt);
+  store_targets(s, t, p, p.in);
+  draw_weight_and_up(s, rng, p, p.in);
   p.ref = lfref::nll(p.in);
   return p;
 }
@@ -139,7 +90,6 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
   EXPECT_TRUE(p.input.storage == input_before) << "the input was modified";
 }
 
-
 inline std::vector<Spec> option_specs() {
   std::vector<Spec> v;
   std::uint64_t k = 0;
@@ -156,7 +106,9 @@ inline std::vector<Spec> option_specs() {
             s.up = default_up(red, k);
             s.seed = ++k;
             s.name = nm(dt) + "_" + red_name(red) + "_" + shape_name(shape) + (w ? "_w" : "") +
-                     (ign == 1 ? "_ign" : ign == 2 ? "_ignclass1" : "");
+                     (ign == 1   ? "_ign"
+                      : ign == 2 ? "_ignclass1"
+                                 : "");
             v.push_back(s);
           }
   return v;
@@ -235,10 +187,10 @@ inline std::vector<Spec> edge_specs() {
         s.up = default_up(red, k);
         s.seed = 900 + ++k;
         s.edit = [](Rng&, std::int64_t, std::int64_t C, std::vector<double>& x, std::vector<std::int64_t>& t) {
-          t[0] = 2, x[0 * C + 2] = -kInf;   // loss +inf
-          t[1] = 2, x[1 * C + 3] = kNaN;    // NaN off the target: no effect
-          t[2] = 1, x[2 * C + 1] = kNaN;    // NaN at the target: loss NaN
-          t[3] = 0, x[3 * C + 4] = kInf;    // +inf off the target: no effect
+          t[0] = 2, x[0 * C + 2] = -kInf;    // loss +inf
+          t[1] = 2, x[1 * C + 3] = kNaN;     // NaN off the target: no effect
+          t[2] = 1, x[2 * C + 1] = kNaN;     // NaN at the target: loss NaN
+          t[3] = 0, x[3 * C + 4] = kInf;     // +inf off the target: no effect
           t[4] = -100, x[4 * C + 0] = kNaN;  // ignored: 0
         };
         s.name = "nonfinite_" + nm(dt) + "_" + red_name(red);

@@ -39,25 +39,6 @@ constexpr PwLoss kLosses[] = {PwLoss::mse,           PwLoss::l1,
                               PwLoss::gaussian_nll,  PwLoss::hinge_embedding,
                               PwLoss::margin_ranking};
 
-std::string nm(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    default: return "int";
-  }
-}
-// 0.25 -> "0p25", -0.25 -> "m0p25"
-std::string num_name(double p) {
-  std::string s = std::to_string(std::fabs(p));
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  for (auto& c : s)
-    if (c == '.') c = 'p';
-  return (p < 0 ? "m" : "") + s;
-}
-
 // ---- configurations: a loss and its options -------------------------------------------------------------------
 
 struct Config {
