@@ -4,6 +4,7 @@
 #include "lossfuse/catalog.hpp"
 #include "lossfuse/cross_entropy.hpp"
 #include "lossfuse/ctc.hpp"
+#include "lossfuse/device.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/gemm.hpp"

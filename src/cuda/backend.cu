@@ -41,12 +41,18 @@ cudaMemPool_t scratch_pool() {
 namespace lossfuse::core {
 namespace {
 
+// On the caller's stream, so that a copy sees that stream's earlier work (an operand a framework kernel just wrote).
 void to_host(void* host, const void* src, std::size_t bytes) {
-  cuda::check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+  cuda::check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()),
+              "cudaMemcpyAsync (device to host)");
+  cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (device to host)");
 }
 
+// The host buffer may be reused once this returns: the stream is synchronised (pageable memory is staged anyway).
 void from_host(void* dst, const void* host, std::size_t bytes) {
-  cuda::check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+  cuda::check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda::stream()),
+              "cudaMemcpyAsync (host to device)");
+  cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (host to device)");
 }
 
 template <class Params>

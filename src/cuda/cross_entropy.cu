@@ -582,7 +582,7 @@ template <class Acc>
 const Acc* upload_weights(const CeParams& p, const Scratch<Acc>& buf) {
   if (p.weight == nullptr) return nullptr;
   check(cudaMemcpyAsync(buf.get(), p.weight, static_cast<std::size_t>(p.classes) * sizeof(Acc),
-                        cudaMemcpyHostToDevice, nullptr),
+                        cudaMemcpyHostToDevice, stream()),
         "cudaMemcpyAsync (class weights)");
   return buf.get();
 }
@@ -592,18 +592,18 @@ void finish_blocks(const double* rows_dev, int64_t rows, int64_t per_block, doub
   const int64_t blocks = (rows + per_block - 1) / per_block;
   if (blocks == 0) return;
   const Scratch<double> out(static_cast<std::size_t>(blocks));
-  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256>>>(rows_dev, rows, per_block, blocks,
-                                                                           out.get());
+  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream()>>>(rows_dev, rows, per_block,
+                                                                                       blocks, out.get());
   check_launch("block_sums_kernel");
-  check(cudaMemcpy(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
-                   cudaMemcpyDeviceToHost),
-        "cudaMemcpy (loss blocks)");
+  check(cudaMemcpyAsync(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
+                        cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync (loss blocks)");  // complete once the entry synchronises the stream
 }
 
 // The runtime flags as template arguments: soft targets imply the sums.
 template <class T, bool... kFlags>
 void launch_ce_as(unsigned grid, int threads, const CeKernelArgs<T>& a) {
-  ce_rows_kernel<T, kFlags...><<<grid, threads>>>(a);
+  ce_rows_kernel<T, kFlags...><<<grid, threads, 0, stream()>>>(a);
 }
 template <class T>
 void launch_ce(bool soft, bool cap, bool sums, bool keep, unsigned grid, int threads, const CeKernelArgs<T>& a) {
@@ -649,7 +649,7 @@ void ce_run(const CeParams& p) {
     finish_blocks(a.row_loss, p.rows, p.rows_per_block, p.block_loss);
     finish_blocks(a.row_zloss, p.rows, p.rows_per_block, p.block_zloss);
   }
-  check(cudaStreamSynchronize(nullptr), "cross_entropy kernels");
+  check(cudaStreamSynchronize(stream()), "cross_entropy kernels");
 }
 
 template <class T>
@@ -665,14 +665,14 @@ void nll_run(const CeParams& p) {
   if (p.mode == CeMode::forward) {
     const bool reduced = p.block_loss != nullptr;
     const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
-    nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256>>>(q, w, rows_loss.get());
+    nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(q, w, rows_loss.get());
     check_launch("nll_forward_kernel");
     if (reduced) finish_blocks(rows_loss.get(), p.rows, p.rows_per_block, p.block_loss);
   } else {
-    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes)>>>(q, w);
+    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, w);
     check_launch("nll_backward_kernel");
   }
-  check(cudaStreamSynchronize(nullptr), "nll kernels");
+  check(cudaStreamSynchronize(stream()), "nll kernels");
 }
 
 template <class F>

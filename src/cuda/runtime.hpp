@@ -1,6 +1,7 @@
-// The CUDA backend's runtime helpers: error checks that become lossfuse::Error, and stream-ordered scratch buffers.
-// Every kernel runs on the legacy default stream (the C++ API takes no stream yet), so work is ordered with the
-// caller's own default-stream work; the host copies in backend.cu synchronise it.
+// The CUDA backend's runtime helpers: error checks that become lossfuse::Error, the calling thread's stream, and
+// stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
+// (include/lossfuse/device.hpp; default: the legacy default stream); the entries synchronise that stream before they
+// return (core reads the block partials on the host).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <string>
 
+#include "lossfuse/device.hpp"
 #include "lossfuse/error.hpp"
 
 namespace lossfuse::cuda {
@@ -20,28 +22,48 @@ inline void check(cudaError_t status, const char* what) {
   }
 }
 
+// The calling thread's stream (lossfuse::set_cuda_stream).
+inline cudaStream_t stream() noexcept { return static_cast<cudaStream_t>(cuda_stream()); }
+
 // The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps up to 64 MiB of what it frees
-// (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm.
+// (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm. Used
+// unless the caller installed an allocator (lossfuse::set_cuda_allocator).
 cudaMemPool_t scratch_pool();  // src/cuda/backend.cu
 
-// A device buffer of n elements of T from the scratch pool, freed in stream order.
+// A device buffer of n elements of T on the calling thread's stream, from the installed allocator or the pool, and
+// returned to the one it came from in that stream's order.
 template <class T>
 class Scratch {
  public:
-  explicit Scratch(std::size_t n) {
-    if (n > 0) {
-      check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ptr_), n * sizeof(T), scratch_pool(), nullptr),
+  explicit Scratch(std::size_t n) : stream_(stream()), allocator_(cuda_allocator()) {
+    if (n == 0) return;
+    const std::size_t bytes = n * sizeof(T);
+    if (allocator_.allocate != nullptr) {
+      ptr_ = static_cast<T*>(allocator_.allocate(bytes, stream_, allocator_.ctx));
+      if (ptr_ == nullptr) {
+        throw Error(ErrorCode::device_error, "scratch", std::to_string(bytes) + " bytes from the installed allocator",
+                    "no memory");
+      }
+    } else {
+      check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ptr_), bytes, scratch_pool(), stream_),
             "cudaMallocFromPoolAsync");
     }
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, nullptr);
+    if (ptr_ == nullptr) return;
+    if (allocator_.allocate != nullptr) {
+      allocator_.release(ptr_, stream_, allocator_.ctx);
+    } else {
+      (void)cudaFreeAsync(ptr_, stream_);
+    }
   }
   [[nodiscard]] T* get() const noexcept { return ptr_; }
 
  private:
+  cudaStream_t stream_;
+  CudaAllocator allocator_;
   T* ptr_ = nullptr;
 };
 
