@@ -3,7 +3,8 @@
 # Usage: scripts/gpu_check.sh OUT_DIR. Writes OUT_DIR/gpu_check.log and the CSVs cuda_bench.csv (lossfuse and the
 # device's read / copy probes) and torch_bench.csv (torch eager and compiled at the same shapes).
 # Steps: the CUDA C++ tests (every cross-entropy / NLL spec of the CPU suite on device tensors, against the float64
-# reference), compute-sanitizer memcheck and racecheck on a subset, then the benches. Executables come from .gpu/bin
+# reference), compute-sanitizer memcheck and racecheck on a subset, the benches, then the torch extension built with
+# its CUDA route (against this machine's torch, Highway from .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py). Executables come from .gpu/bin
 # when scripts/gpu_build.sh made them elsewhere (machines without Highway / GoogleTest), else are built here.
 # Exit status: the number of failed steps.
 set -uo pipefail
@@ -42,5 +43,11 @@ step "racecheck" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --pri
   "$bin/test_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter='Shapes/*bf16*mean*:Soft/*bf16*'
 step "lossfuse bench" 240 "$bin/lossfuse_cuda_bench" "$out/cuda_bench.csv"
 step "torch bench" 240 python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
+# The torch extension against this machine's torch (its C++ ABI), into .gpu/py; Highway from scripts/gpu_build.sh
+step "torch extension" 420 env CMAKE_PREFIX_PATH="$PWD/.gpu/hwy" python3 -m pip install -q --no-build-isolation \
+  --no-deps --target .gpu/py -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=build/gpu-python .
+step "torch cuda tests" 300 env PYTHONPATH="$PWD/.gpu/py" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
+  -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
 echo "=== failed steps: $failed"
 exit "$failed"

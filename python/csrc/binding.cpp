@@ -10,7 +10,6 @@
 #include <string>
 
 #include "allocator.hpp"
-
 #include "lossfuse/catalog.hpp"
 #include "lossfuse/parallel.hpp"
 
@@ -49,17 +48,18 @@ const bool g_hook_installed = [] {
 
 TensorView view(const at::Tensor& t, const char* arg) {
   TORCH_CHECK(t.defined(), "lossfuse: ", arg, ": expected a tensor, got None");
-  TORCH_CHECK(t.device().is_cpu(), "lossfuse: ", arg, ": expected a CPU tensor, got one on ", t.device(),
-              " (this build has CPU kernels only)");
+  const bool cuda = t.is_cuda() && has_cuda();
+  TORCH_CHECK(t.device().is_cpu() || cuda, "lossfuse: ", arg,
+              has_cuda() ? ": expected a CPU or CUDA tensor, got one on " : ": expected a CPU tensor, got one on ",
+              t.device(), has_cuda() ? "" : " (this build has CPU kernels only)");
   const auto dt = dtype_of(t.scalar_type());
   TORCH_CHECK(dt.has_value(), "lossfuse: ", arg,
               ": expected float32, float64, float16, bfloat16 or an integer dtype, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() <= kMaxDims, "lossfuse: ", arg, ": expected at most ", kMaxDims, " dims, got ",
-                    t.dim());
+  TORCH_CHECK_VALUE(t.dim() <= kMaxDims, "lossfuse: ", arg, ": expected at most ", kMaxDims, " dims, got ", t.dim());
   TensorView v;
   v.data = t.numel() > 0 ? const_cast<void*>(t.const_data_ptr()) : nullptr;
   v.dtype = *dt;
-  v.device = Device::cpu;
+  v.device = cuda ? Device::cuda : Device::cpu;
   v.ndim = static_cast<int>(t.dim());
   for (int d = 0; d < v.ndim; ++d) {
     v.shape[d] = t.size(d);
@@ -86,16 +86,23 @@ at::ScalarType acc_type(const at::Tensor& input) {
   return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) { return new_output(shape, acc_type(input)); }
+namespace {
+// A new contiguous output on `like`'s device.
+at::Tensor new_on(const at::Tensor& like, at::IntArrayRef shape, at::ScalarType dtype) {
+  return like.is_cuda() ? at::empty(shape, like.options().dtype(dtype)) : new_output(shape, dtype);
+}
+}  // namespace
 
-at::Tensor new_lse(const at::Tensor& /*logits*/, at::IntArrayRef rows) { return new_output(rows, at::kDouble); }
+at::Tensor new_acc(const at::Tensor& input, at::IntArrayRef shape) { return new_on(input, shape, acc_type(input)); }
+
+at::Tensor new_lse(const at::Tensor& logits, at::IntArrayRef rows) { return new_on(logits, rows, at::kDouble); }
 
 at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t r) {
   return r == 0 ? new_acc(input, rows) : new_acc(input, {});
 }
 
 at::Tensor new_grad(const at::Tensor& like, bool wanted) {
-  return new_output(wanted ? like.sizes() : at::IntArrayRef({0}), like.scalar_type());
+  return new_on(like, wanted ? like.sizes() : at::IntArrayRef({0}), like.scalar_type());
 }
 
 at::Tensor acc_grad_output(const at::Tensor& grad_output, const at::Tensor& input) {
@@ -151,7 +158,6 @@ void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::
   applied.fill_(want);
 }
 
-
 // How many distinct threads of torch's pool lossfuse::parallel_for runs `n` unit tasks on (grain 1): the test
 // that kernels really spread over torch.set_num_threads threads.
 std::int64_t parallel_threads(std::int64_t n) {
@@ -168,6 +174,9 @@ std::int64_t parallel_threads(std::int64_t n) {
 // The op catalog as CSV (lossfuse.catalog()).
 std::string catalog_csv() { return lossfuse::catalog_text(lossfuse::CatalogFormat::csv); }
 
+// Whether this build serves CUDA tensors (lossfuse's CUDA kernels and the binding's CUDA route).
+bool cuda_route() { return has_cuda(); }
+
 }  // namespace
 
 }  // namespace lossfuse::torch_binding
@@ -177,12 +186,17 @@ TORCH_LIBRARY(lossfuse, m) {
   m.def("_parallel_threads(int n) -> int");
   m.def("_empty_cache() -> ()");
   m.def("_catalog() -> str");
+  m.def("_has_cuda() -> bool");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
+#if defined(LOSSFUSE_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
+#endif
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);
   m.impl("_empty_cache", &lossfuse::torch_binding::empty_output_cache);
   m.impl("_catalog", &lossfuse::torch_binding::catalog_csv);
+  m.impl("_has_cuda", &lossfuse::torch_binding::cuda_route);
 }

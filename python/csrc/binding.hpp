@@ -9,14 +9,15 @@
 #include <optional>
 #include <utility>
 
+#include "device.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
 
 namespace lossfuse::torch_binding {
 
-// A view of a CPU tensor of a dtype lossfuse knows, with at most kMaxDims dims; else a ValueError/RuntimeError
-// naming `arg`.
+// A view of a CPU tensor (or a CUDA one, in a build with the CUDA route: device.hpp) of a dtype lossfuse knows, with
+// at most kMaxDims dims; else a ValueError/RuntimeError naming `arg`.
 TensorView view(const at::Tensor& t, const char* arg);
 std::optional<TensorView> view(const std::optional<at::Tensor>& t, const char* arg);
 
@@ -33,7 +34,7 @@ at::Tensor new_lse(const at::Tensor& logits, at::IntArrayRef rows);
 // The loss of `input` for a reduction: `rows` for none, else a 0-d tensor.
 at::Tensor new_loss(const at::Tensor& input, at::IntArrayRef rows, std::int64_t reduction);
 // A contiguous tensor of `like`'s shape and dtype, or an empty one when `wanted` is false (a gradient no one
-// asked for).
+// asked for). Every new output is on its input's device (CPU: the large-block allocator; CUDA: torch's).
 at::Tensor new_grad(const at::Tensor& like, bool wanted);
 inline std::optional<TensorView> grad_view(const at::Tensor& g, bool wanted, const char* arg) {
   return wanted ? std::optional<TensorView>(view(g, arg)) : std::nullopt;
@@ -57,6 +58,13 @@ decltype(auto) guarded(F&& f) {
   } catch (const Error& e) {
     rethrow(e);
   }
+}
+
+// guarded, run on `t`'s device (DeviceCall: on CUDA, torch's current stream there).
+template <class F>
+decltype(auto) guarded_on(const at::Tensor& t, F&& f) {
+  const DeviceCall call(t);
+  return guarded(std::forward<F>(f));
 }
 
 // An elementwise loss's forward: runs `kernel(loss_view)` on a new loss (the input's shape for 'none', else 0-d),

@@ -6,8 +6,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
-#include <tuple>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "binding.hpp"
@@ -46,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cross_entropy(
   at::Tensor lse = new_lse(logits, rows);
   at::Tensor z_loss = new_loss(logits, rows, red);
   at::Tensor grad = new_grad(logits, compute_grad);
-  guarded([&] {
+  guarded_on(logits, [&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
     const CrossEntropyOutputs out{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")};
     if (compute_grad) {
@@ -64,7 +64,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
                                   std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
                                   double z_loss_scale) {
   at::Tensor grad = new_grad(logits, true);
-  guarded([&] {
+  guarded_on(logits, [&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
     cross_entropy_backward(view(logits, "input"), view(target, "target"), view(lse, "lse"),
                            view(grad_loss, "grad_output"), o, view(grad, "grad_input"));
@@ -114,8 +114,8 @@ at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const 
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("lossfuse::cross_entropy", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                   std::int64_t, std::int64_t, double, double, double, double, bool)>();
+                                   const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::int64_t,
+                                   std::int64_t, double, double, double, double, bool)>();
     const at::Tensor loss =
         std::get<0>(op.call(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], false));
     return torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
@@ -203,12 +203,13 @@ struct CrossEntropyEagerNode : torch::autograd::Function<CrossEntropyEagerNode<k
       loss = new_loss(logits, rows, red);
       lse = new_lse(logits, rows);
       z_loss = new_loss(logits, rows, red);
-      guarded([&] {
+      guarded_on(logits, [&] {
         const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
         const TensorView x = view(logits, "input");
         cross_entropy_forward_backward(
-            x, view(target, "target"), o, CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")},
-            std::nullopt, x, GradWrite::in_place);
+            x, view(target, "target"), o,
+            CrossEntropyOutputs{view(loss, "loss"), view(lse, "lse"), view(z_loss, "z_loss")}, std::nullopt, x,
+            GradWrite::in_place);
       });
       torch::autograd::impl::bump_version(logits);
       grad = logits.detach();  // the logits' storage, now their gradient (same version counter)
@@ -262,7 +263,7 @@ void cross_entropy_backward_inplace(const at::Tensor& grad_loss, const at::Tenso
                                     const at::Tensor& lse, const std::optional<at::Tensor>& weight, std::int64_t red,
                                     std::int64_t ignore_index, double label_smoothing, double logit_scale,
                                     double softcap, double z_loss_scale) {
-  guarded([&] {
+  guarded_on(logits, [&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
     const TensorView x = view(logits, "input");
     cross_entropy_backward(x, view(target, "target"), view(lse, "lse"), view(grad_loss, "grad_output"), o, x,
@@ -286,7 +287,7 @@ NllOptions nll_options(const std::optional<at::Tensor>& weight, std::int64_t red
 at::Tensor nll_loss(const at::Tensor& input, const at::Tensor& target, const std::optional<at::Tensor>& weight,
                     std::int64_t red, std::int64_t ignore_index) {
   at::Tensor loss = new_loss(input, row_shape(input), red);
-  guarded([&] {
+  guarded_on(input, [&] {
     nll_forward(view(input, "input"), view(target, "target"), nll_options(weight, red, ignore_index),
                 view(loss, "loss"));
   });
@@ -296,7 +297,7 @@ at::Tensor nll_loss(const at::Tensor& input, const at::Tensor& target, const std
 at::Tensor nll_loss_backward(const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& target,
                              const std::optional<at::Tensor>& weight, std::int64_t red, std::int64_t ignore_index) {
   at::Tensor grad = new_grad(input, true);
-  guarded([&] {
+  guarded_on(input, [&] {
     nll_backward(view(input, "input"), view(target, "target"), view(grad_loss, "grad_output"),
                  nll_options(weight, red, ignore_index), view(grad, "grad_input"));
   });
@@ -337,14 +338,23 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "int ignore_index) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
-  using namespace lossfuse::torch_binding;
+namespace lossfuse::torch_binding {
+namespace {
+// The device kernels: the same functions on the CPU and, with the CUDA route, on CUDA (device.hpp).
+void register_kernels(torch::Library& m) {
   m.impl("cross_entropy", &cross_entropy);
   m.impl("cross_entropy_backward", &cross_entropy_backward);
   m.impl("_cross_entropy_backward_inplace", &cross_entropy_backward_inplace);
   m.impl("nll_loss", &nll_loss);
   m.impl("nll_loss_backward", &nll_loss_backward);
 }
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { lossfuse::torch_binding::register_kernels(m); }
+#if defined(LOSSFUSE_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { lossfuse::torch_binding::register_kernels(m); }
+#endif
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
   m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager<lossfuse::GradWrite::separate>);

@@ -128,7 +128,8 @@ def test_patch_torch_leaves_overrides_subclasses_and_other_devices_to_torch(monk
             loss = F.cross_entropy(x, t)
         assert "cross_entropy" in mode.names and "lossfuse" in loss.grad_fn.name()  # the mode saw it; lossfuse ran
         assert "lossfuse" in F.mse_loss(a.requires_grad_(), b).grad_fn.name()
-        monkeypatch.setattr(lossfuse._patch, "_DEVICES", ("meta",))  # as if the CPU were a device lossfuse lacks
+        # as if the CPU were a device lossfuse lacks
+        monkeypatch.setattr(lossfuse._patch, "devices", lambda name: ("meta",))
         assert F.mse_loss(a, b).grad_fn.name() == "MseLossBackward0"
         assert F.cross_entropy(x, t).grad_fn.name() == "NllLossBackward0"
     finally:
@@ -677,5 +678,19 @@ def test_catalog_lists_every_loss_of_the_functional_api():
             directions = {e.direction for e in entries if e.loss == loss and e.dtype == dtype and e.device == "cpu"}
             fused = {"forward_backward"} if loss in ("cross_entropy", "linear_cross_entropy") else set()
             assert directions == {"forward", "backward"} | fused, (loss, dtype)
-    assert all(e.device == "cpu" for e in entries)  # no CUDA kernels yet
+    # CUDA kernels: cross-entropy and NLL, in a build that found nvcc
+    assert {e.loss for e in entries if e.device == "cuda"} in (set(), {"cross_entropy", "nll"})
     assert entries[0] == lossfuse.CatalogEntry("cross_entropy", "float32", "cpu", "forward")
+
+
+def test_patch_serves_cuda_only_where_the_build_has_cuda_kernels():
+    """patch_torch sends a loss's CUDA calls to lossfuse only where the catalog lists CUDA kernels for it and the
+    binding has its CUDA route (cross_entropy and nll_loss, in a build with both); other losses' stay with torch."""
+    cuda_route = torch.ops.lossfuse._has_cuda()
+    with_kernels = {e.loss for e in lossfuse.catalog() if e.device == "cuda"}
+    for loss, name in CATALOG_FUNCTIONS.items():
+        assert lossfuse._patch._catalog_name(name) == loss
+        served = lossfuse._patch.devices(name)
+        assert {"cpu", "meta"} <= set(served), name
+        assert ("cuda" in served) == (cuda_route and loss in with_kernels), name
+    assert "cuda" not in lossfuse._patch.devices("mse_loss")

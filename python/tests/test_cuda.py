@@ -1,0 +1,191 @@
+"""lossfuse's CUDA route in PyTorch: cross_entropy and nll_loss on CUDA tensors, against torch computing in float64 on
+the same (rounded) inputs and against torch's own CUDA kernels; the extras torch lacks (z-loss, softcap, logit_scale)
+against lossfuse's CPU backend in float64. Also: class targets of every integer dtype, the (N, C, d1, d2) layout,
+gradcheck, a bad class index, torch's current stream and caching allocator, patch_torch, torch.compile.
+Runs where torch sees a GPU and lossfuse was built with its CUDA route (scripts/gpu_check.sh on a GPU machine);
+skipped elsewhere."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lossfuse
+import lossfuse.nn.functional as LF
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.ops.lossfuse._has_cuda()),
+    reason="needs a CUDA device and lossfuse built with its CUDA route (nvcc and torch with CUDA)")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+# Relative error allowed against float64 on the same inputs (accumulation in float32; 16-bit results rounded once).
+TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+OPTIONS = {
+    "mean": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"},
+    "smoothing": {"label_smoothing": 0.1}, "ignore": {"ignore_index": 2}, "weight": {"weight": True},
+    "all": {"weight": True, "ignore_index": 0, "label_smoothing": 0.2, "reduction": "sum"},
+}
+
+
+def max_error(got, ref):
+    return (got.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
+
+
+def run(fn, x, target, kwargs, upstream):
+    """fn's loss and d(sum(upstream * loss))/dx, x given as a leaf of its own."""
+    x = x.detach().requires_grad_()
+    loss = fn(x, target, **kwargs)
+    (grad,) = torch.autograd.grad(loss, x, upstream.to(loss.dtype))
+    return loss, grad
+
+
+def compare(fn_ours, fn_torch, x, target, kwargs, dtype):
+    """ours on CUDA within TOL of torch in float64 and no further from it than torch's own CUDA result (plus one
+    rounding of the output dtype)."""
+    ref_kwargs = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
+    ref_loss = fn_torch(x.double(), target, **ref_kwargs)
+    upstream = torch.randn(ref_loss.shape, dtype=torch.float64, device=x.device) if ref_loss.dim() else \
+        torch.tensor(1.7, dtype=torch.float64, device=x.device)
+    loss64, grad64 = run(fn_torch, x.double(), target, ref_kwargs, upstream)
+    ours, ours_grad = run(fn_ours, x, target, kwargs, upstream)
+    theirs, theirs_grad = run(fn_torch, x, target, kwargs, upstream)
+    assert ours.dtype == x.dtype and ours.device == x.device and ours_grad.dtype == x.dtype
+    for what, got, torch_got, ref in (("loss", ours, theirs, loss64), ("grad", ours_grad, theirs_grad, grad64)):
+        scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1.0)
+        err = max_error(got, ref)
+        assert err <= TOL[dtype] * scale, f"{what}: error {err} against float64, allowed {TOL[dtype] * scale}"
+        eps = torch.finfo(dtype).eps
+        assert err <= max_error(torch_got, ref) + eps * scale, f"{what}: error {err} above torch's"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", OPTIONS)
+def test_cross_entropy_and_nll_match_torch(dtype, name):
+    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    opts = dict(OPTIONS[name])
+    x = (3 * torch.randn(37, 1001, device="cuda", generator=gen)).to(dtype)
+    target = torch.randint(0, 1001, (37,), device="cuda", generator=gen)
+    target[::5] = opts.get("ignore_index", 3)
+    if opts.get("weight"):
+        opts["weight"] = torch.rand(1001, device="cuda", generator=gen).to(dtype) + 0.5
+    compare(LF.cross_entropy, F.cross_entropy, x, target, opts, dtype)
+    opts.pop("label_smoothing", None)
+    compare(LF.nll_loss, F.nll_loss, torch.log_softmax(x.float(), 1).to(dtype), target, opts, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_probability_targets_and_layouts(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(6, 50, 3, 4, device="cuda", generator=gen).to(dtype)
+    probs = torch.softmax(torch.randn(6, 50, 3, 4, device="cuda", generator=gen), 1).to(dtype)
+    compare(LF.cross_entropy, F.cross_entropy, x, probs, {"label_smoothing": 0.05}, dtype)
+    target = torch.randint(0, 50, (6, 3, 4), device="cuda", generator=gen)
+    compare(LF.cross_entropy, F.cross_entropy, x, target, {"reduction": "none"}, dtype)
+    compare(LF.cross_entropy, F.cross_entropy, x.transpose(1, 3).contiguous().transpose(1, 3), target, {}, dtype)
+
+
+@pytest.mark.parametrize("target_dtype", INT_DTYPES, ids=str)
+def test_integer_targets_are_used_as_they_are(target_dtype):
+    x = torch.randn(64, 100, device="cuda", requires_grad=True)
+    t = torch.randint(0, 100, (64,), device="cuda")
+    ref = LF.cross_entropy(x, t, reduction="none")
+    got = LF.cross_entropy(x, t.to(target_dtype), reduction="none")
+    assert torch.equal(got, ref)
+    assert torch.equal(LF.nll_loss(x, t.to(target_dtype)), LF.nll_loss(x, t))
+
+
+def test_extras_match_the_cpu_backend_in_float64():
+    """z-loss, softcap and logit_scale (no torch equivalent): CUDA against lossfuse's CPU kernels in float64."""
+    x = torch.randn(33, 777, dtype=torch.float64)
+    t = torch.randint(0, 777, (33,))
+    kw = {"z_loss_scale": 1e-3, "softcap": 30.0, "logit_scale": 0.7, "label_smoothing": 0.1, "return_z_loss": True}
+    cpu_loss, cpu_z = LF.cross_entropy(x, t, **kw)
+    cuda_loss, cuda_z = LF.cross_entropy(x.cuda(), t.cuda(), **kw)
+    torch.testing.assert_close(cuda_loss.cpu(), cpu_loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cuda_z.cpu(), cpu_z, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_float64():
+    x = torch.randn(5, 9, dtype=torch.float64, device="cuda", requires_grad=True)
+    t = torch.randint(0, 9, (5,), device="cuda")
+    w = torch.rand(9, dtype=torch.float64, device="cuda") + 0.5
+    assert torch.autograd.gradcheck(lambda a: LF.cross_entropy(a, t, weight=w, label_smoothing=0.1), (x,))
+    assert torch.autograd.gradcheck(lambda a: LF.nll_loss(a, t, weight=w, reduction="sum"), (x,))
+
+
+def test_bad_class_index_raises_index_error_and_the_context_survives():
+    x = torch.randn(8, 10, device="cuda")
+    t = torch.randint(0, 10, (8,), device="cuda")
+    t[5] = 10
+    with pytest.raises(IndexError, match="10"):
+        LF.cross_entropy(x, t)
+    with pytest.raises(IndexError):
+        LF.nll_loss(x, t.to(torch.uint8))
+    t[5] = 1
+    assert torch.isfinite(LF.cross_entropy(x, t)).item()  # no device assert: the context still works
+    torch.cuda.synchronize()
+
+
+def test_runs_on_torchs_current_stream():
+    """Work queued on a side stream before the call (the logits written there) is seen by the call, made on that
+    stream, without a synchronisation in between."""
+    side = torch.cuda.Stream()
+    t = torch.randint(0, 4000, (512,), device="cuda")
+    base = torch.randn(512, 4000, device="cuda")
+    want = F.cross_entropy(base * 3, t)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            x = torch.empty_like(base)
+            torch.mul(base, 3, out=x)  # queued on the side stream
+            got = LF.cross_entropy(x, t)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_scratch_comes_back_to_torchs_allocator():
+    x = torch.randn(256, 3000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 3000, (256,), device="cuda")
+    w = torch.rand(3000, device="cuda")
+    LF.cross_entropy(x, t, weight=w).backward()  # warm
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
+    loss = LF.cross_entropy(x, t, weight=w)
+    del loss
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] > allocs  # its scratch and outputs came from torch
+
+
+def test_patch_torch_routes_cuda_cross_entropy_only():
+    x = torch.randn(4, 5, device="cuda", requires_grad=True)
+    t = torch.randint(0, 5, (4,), device="cuda")
+    try:
+        lossfuse.patch_torch()
+        assert "lossfuse" in F.cross_entropy(x, t).grad_fn.name()
+        assert "lossfuse" in F.nll_loss(x, t).grad_fn.name()
+        assert F.mse_loss(x, x.detach()).grad_fn.name() == "MseLossBackward0"  # no CUDA kernels: torch's
+    finally:
+        lossfuse.unpatch_torch()
+
+
+def test_compile_fullgraph_matches_eager():
+    x = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    compiled = torch.compile(lambda a, b: LF.cross_entropy(a, b, label_smoothing=0.1), fullgraph=True)
+    (g1,) = torch.autograd.grad(compiled(x, t), x)
+    (g0,) = torch.autograd.grad(LF.cross_entropy(x, t, label_smoothing=0.1), x)
+    torch.testing.assert_close(g1, g0, rtol=1e-6, atol=1e-7)
+
+
+def test_inplace_writes_the_gradient_over_the_logits():
+    base = torch.randn(32, 500, device="cuda")
+    t = torch.randint(0, 500, (32,), device="cuda")
+    x = base.clone().requires_grad_()
+    (want,) = torch.autograd.grad(F.cross_entropy(x, t), x)
+    logits = base.clone().requires_grad_()
+    work = logits * 1  # a non-leaf the loss may overwrite
+    loss = LF.cross_entropy(work, t, inplace=True)
+    loss.backward()
+    torch.testing.assert_close(logits.grad, want, rtol=2e-5, atol=1e-7)
