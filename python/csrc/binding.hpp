@@ -72,7 +72,7 @@ decltype(auto) guarded_on(const at::Tensor& t, F&& f) {
 template <class Kernel>
 at::Tensor run_forward(const at::Tensor& input, std::int64_t red, Kernel&& kernel) {
   at::Tensor loss = new_loss(input, input.sizes(), red);
-  guarded([&] { kernel(output_view(loss, "loss")); });
+  guarded_on(input, [&] { kernel(output_view(loss, "loss")); });
   return loss;
 }
 

@@ -26,7 +26,7 @@ std::array<at::Tensor, N> run_backward(const std::array<const at::Tensor*, N>& o
                                        Kernel&& kernel) {
   std::array<at::Tensor, N> grads;
   for (std::size_t i = 0; i < N; ++i) grads[i] = new_grad(*operands[i], mask[i]);
-  guarded([&] {
+  guarded_on(*operands[0], [&] {
     std::array<std::optional<TensorView>, N> views;
     for (std::size_t i = 0; i < N; ++i) views[i] = grad_view(grads[i], mask[i], names[i]);
     kernel(views);
@@ -428,8 +428,10 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "int reduction, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_target, Tensor grad_var)");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
-  using namespace lossfuse::torch_binding;
+namespace lossfuse::torch_binding {
+namespace {
+// The device kernels: the same functions on the CPU and, with the CUDA route, on CUDA (device.hpp).
+void register_kernels(torch::Library& m) {
   m.impl("mse_loss", &mse_loss);
   m.impl("mse_loss_backward", &mse_loss_backward);
   m.impl("l1_loss", &l1_loss);
@@ -453,3 +455,10 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
   m.impl("gaussian_nll_loss", &gaussian_nll_loss);
   m.impl("gaussian_nll_loss_backward", &gaussian_nll_loss_backward);
 }
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { lossfuse::torch_binding::register_kernels(m); }
+#if defined(LOSSFUSE_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { lossfuse::torch_binding::register_kernels(m); }
+#endif

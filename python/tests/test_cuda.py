@@ -1,9 +1,9 @@
-"""lossfuse's CUDA route in PyTorch: cross_entropy and nll_loss on CUDA tensors, against torch computing in float64 on
-the same (rounded) inputs and against torch's own CUDA kernels; the extras torch lacks (z-loss, softcap, logit_scale)
-against lossfuse's CPU backend in float64. Also: class targets of every integer dtype, the (N, C, d1, d2) layout,
-gradcheck, a bad class index, torch's current stream and caching allocator, patch_torch, torch.compile.
-Runs where torch sees a GPU and lossfuse was built with its CUDA route (scripts/gpu_check.sh on a GPU machine);
-skipped elsewhere."""
+"""lossfuse's CUDA route in PyTorch: cross_entropy, nll_loss and the elementwise losses on CUDA tensors, against
+torch computing in float64 on the same (rounded) inputs and against torch's own CUDA kernels; the extras torch lacks
+(z-loss, softcap, logit_scale) against lossfuse's CPU backend in float64. Also: class targets of every integer
+dtype, the (N, C, d1, d2) layout, gradcheck, a bad class index, torch's current stream and caching allocator,
+patch_torch, torch.compile. Runs where torch sees a GPU and lossfuse was built with its CUDA route
+(scripts/gpu_check.sh on a GPU machine); skipped elsewhere."""
 
 import pytest
 import torch
@@ -158,14 +158,16 @@ def test_scratch_comes_back_to_torchs_allocator():
     assert torch.cuda.memory_stats()["allocation.all.allocated"] > allocs  # its scratch and outputs came from torch
 
 
-def test_patch_torch_routes_cuda_cross_entropy_only():
+def test_patch_torch_routes_cuda_losses_with_kernels():
     x = torch.randn(4, 5, device="cuda", requires_grad=True)
     t = torch.randint(0, 5, (4,), device="cuda")
     try:
         lossfuse.patch_torch()
         assert "lossfuse" in F.cross_entropy(x, t).grad_fn.name()
         assert "lossfuse" in F.nll_loss(x, t).grad_fn.name()
-        assert F.mse_loss(x, x.detach()).grad_fn.name() == "MseLossBackward0"  # no CUDA kernels: torch's
+        assert "lossfuse" in F.mse_loss(x, x.detach()).grad_fn.name()
+        a, b, c = (torch.randn(4, 8, device="cuda", requires_grad=True) for _ in range(3))
+        assert "lossfuse" not in F.triplet_margin_loss(a, b, c).grad_fn.name()  # no CUDA kernels: torch's
     finally:
         lossfuse.unpatch_torch()
 
@@ -189,3 +191,43 @@ def test_inplace_writes_the_gradient_over_the_logits():
     loss = LF.cross_entropy(work, t, inplace=True)
     loss.backward()
     torch.testing.assert_close(logits.grad, want, rtol=2e-5, atol=1e-7)
+
+
+def _elementwise_cases(gen):
+    """Each elementwise loss's operands (input, second operand) and keyword arguments, on CUDA in float32."""
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    def u(*shape):
+        return torch.rand(*shape, device="cuda", generator=gen)
+
+    def signs(*shape):
+        return u(*shape).round() * 2 - 1
+
+    shape = (33, 257)
+    return {
+        "mse_loss": (r(*shape), r(*shape), {}),
+        "l1_loss": (r(*shape), r(*shape), {}),
+        "smooth_l1_loss": (r(*shape), r(*shape), {"beta": 0.5}),
+        "huber_loss": (r(*shape), r(*shape), {"delta": 0.7}),
+        "binary_cross_entropy": (u(*shape).clamp(0.01, 0.99), u(*shape), {"weight": u(*shape)}),
+        "binary_cross_entropy_with_logits": (3 * r(*shape), u(*shape), {"pos_weight": u(shape[-1]) + 0.5}),
+        "kl_div": (torch.log_softmax(r(*shape), 1), torch.softmax(r(*shape), 1), {}),
+        "poisson_nll_loss": (r(*shape), (4 * u(*shape)).floor(), {"full": True}),
+        "gaussian_nll_loss": (r(*shape), r(*shape), {"var": u(*shape) + 0.1}),
+        "hinge_embedding_loss": (r(*shape), signs(*shape), {"margin": 0.5}),
+        "margin_ranking_loss": (r(*shape), r(*shape), {"target": signs(*shape), "margin": 0.1}),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("name", [
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "hinge_embedding_loss", "margin_ranking_loss"])
+def test_elementwise_losses_match_torch(name, reduction, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    x, second, kwargs = _elementwise_cases(gen)[name]
+    kwargs = {k: (v.to(dtype) if torch.is_tensor(v) else v) for k, v in kwargs.items()}
+    kwargs["reduction"] = "batchmean" if name == "kl_div" and reduction == "mean" else reduction
+    compare(getattr(LF, name), getattr(F, name), x.to(dtype), second.to(dtype), kwargs, dtype)

@@ -9,49 +9,46 @@
 namespace lossfuse {
 namespace {
 
+#if defined(LOSSFUSE_WITH_CUDA)
+constexpr bool kCuda = true;
+#else
+constexpr bool kCuda = false;
+#endif
+
 struct Family {
   LossKind kind;
   bool fused;  // also a forward_backward entry
+  bool cuda;   // also CUDA kernels (src/cuda/), in a build with the CUDA backend
 };
 
-// CPU kernels, each in float32, float64, float16 and bfloat16, forward and backward.
+// Kernels on the CPU (and CUDA where marked), each in float32, float64, float16 and bfloat16, forward and backward.
 constexpr Family kFamilies[] = {
-    {LossKind::cross_entropy, true},
-    {LossKind::nll, false},
-    {LossKind::ctc, false},
-    {LossKind::mse, false},
-    {LossKind::l1, false},
-    {LossKind::smooth_l1, false},
-    {LossKind::huber, false},
-    {LossKind::bce, false},
-    {LossKind::bce_with_logits, false},
-    {LossKind::kl_div, false},
-    {LossKind::poisson_nll, false},
-    {LossKind::gaussian_nll, false},
-    {LossKind::hinge_embedding, false},
-    {LossKind::margin_ranking, false},
-    {LossKind::triplet_margin, false},
-    {LossKind::cosine_embedding, false},
-    {LossKind::multi_margin, false},
-    {LossKind::multilabel_margin, false},
-    {LossKind::multilabel_soft_margin, false},
-    {LossKind::linear_cross_entropy, true},
+    {LossKind::cross_entropy, true, true},
+    {LossKind::nll, false, true},
+    {LossKind::ctc, false, false},
+    {LossKind::mse, false, true},
+    {LossKind::l1, false, true},
+    {LossKind::smooth_l1, false, true},
+    {LossKind::huber, false, true},
+    {LossKind::bce, false, true},
+    {LossKind::bce_with_logits, false, true},
+    {LossKind::kl_div, false, true},
+    {LossKind::poisson_nll, false, true},
+    {LossKind::gaussian_nll, false, true},
+    {LossKind::hinge_embedding, false, true},
+    {LossKind::margin_ranking, false, true},
+    {LossKind::triplet_margin, false, false},
+    {LossKind::cosine_embedding, false, false},
+    {LossKind::multi_margin, false, false},
+    {LossKind::multilabel_margin, false, false},
+    {LossKind::multilabel_soft_margin, false, false},
+    {LossKind::linear_cross_entropy, true, false},
 };
-
-// CUDA kernels (src/cuda/), in a build with the CUDA backend.
-#if defined(LOSSFUSE_WITH_CUDA)
-constexpr Family kCudaFamilies[] = {
-    {LossKind::cross_entropy, true},
-    {LossKind::nll, false},
-};
-#else
-constexpr std::array<Family, 0> kCudaFamilies{};
-#endif
 
 constexpr std::size_t count_entries() {
   std::size_t n = 0;
   for (const Family& f : kFamilies) n += std::size(kFloatDTypes) * (f.fused ? 3 : 2);
-  for (const Family& f : kCudaFamilies) n += std::size(kFloatDTypes) * (f.fused ? 3 : 2);
+  for (const Family& f : kFamilies) n += kCuda && f.cuda ? std::size(kFloatDTypes) * (f.fused ? 3 : 2) : 0;
   return n;
 }
 
@@ -66,7 +63,8 @@ constexpr std::array<OpEntry, count_entries()> make_entries() {
     }
   };
   for (const Family& f : kFamilies) add(f, Device::cpu);
-  for (const Family& f : kCudaFamilies) add(f, Device::cuda);
+  for (const Family& f : kFamilies)
+    if (kCuda && f.cuda) add(f, Device::cuda);
   return e;
 }
 

@@ -78,12 +78,16 @@ std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) 
 }
 
 // Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
-// with its position and value. Blocks of elements are scanned in parallel, each without an early exit: a
+// with its position and value. A device operand is scanned in a host copy (a read-back of the whole operand: the
+// CUDA backend's cost of bce's and gaussian_nll's checks outside the reduced forward, which checks in its kernel).
+// Blocks of elements are scanned in parallel, each without an early exit: a
 // contiguous block by the backend's vectorized bit test value_scan (`kind`, the same test as ok), others
 // element by element. Only a block holding a bad element is searched for the first one.
 template <class Ok>
-void scan_values(const core::Backend& be, const TensorView& t, const char* name, const char* expected,
-                 core::ValueScan kind, Ok ok) {
+void scan_values(const TensorView& view, const char* name, const char* expected, core::ValueScan kind, Ok ok) {
+  const core::HostCopy host(view);  // the view itself on the CPU; a copy of a device operand's elements
+  const TensorView& t = host.view();
+  const core::Backend& be = core::backend_for(t, name);
   const std::int64_t n = t.numel();
   constexpr std::int64_t kBlock = 4096;
   const std::int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -129,29 +133,30 @@ void scan_values(const core::Backend& be, const TensorView& t, const char* name,
 void run(const PwCall& c, const TensorView& x, const TensorView& y, const TensorView* loss,
          const std::optional<TensorView>& grad_loss, const GradOut* grads) {
   const core::Backend& be = core::backend_for(x, c.x_name);
+  const Device dev = x.device;  // every operand and output on the input's device
   core::check_reduction(c.reduction);
-  core::check_view(x, c.x_name);
+  core::check_view(x, c.x_name, dev);
   core::check_floating(x, c.x_name);
-  core::check_view(y, c.y_name);
+  core::check_view(y, c.y_name, dev);
   core::check_dtype(y, c.y_name, x.dtype);
   core::check_shape(y, c.y_name, x.shape.data(), x.ndim);
   const DType acc = accumulate_dtype(x.dtype);
   std::vector<core::NamedView> read = {{c.x_name, &x}, {c.y_name, &y}}, written;
   const TensorView* w = (c.weight != nullptr && *c.weight) ? &**c.weight : nullptr;
   if (w != nullptr) {
-    core::check_view(*w, "weight");
+    core::check_view(*w, "weight", dev);
     core::check_dtype(*w, "weight", x.dtype);
     core::check_shape(*w, "weight", x.shape.data(), x.ndim);
     read.push_back({"weight", w});
   }
   if (c.z != nullptr) {
-    core::check_view(*c.z, c.z_name);
+    core::check_view(*c.z, c.z_name, dev);
     core::check_dtype(*c.z, c.z_name, x.dtype);
     core::check_shape(*c.z, c.z_name, x.shape.data(), x.ndim);
     read.push_back({c.z_name, c.z});
   }
   if (loss != nullptr) {
-    core::check_view(*loss, "loss");
+    core::check_view(*loss, "loss", dev);
     core::check_dtype(*loss, "loss", acc);
     core::check_reduced_shape(*loss, "loss", c.reduction, x.shape.data(), x.ndim);
     core::check_contiguous(*loss, "loss");
@@ -159,7 +164,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   }
   if (grads != nullptr) {
     if (grad_loss) {
-      core::check_view(*grad_loss, "grad_loss");
+      core::check_view(*grad_loss, "grad_loss", dev);
       core::check_dtype(*grad_loss, "grad_loss", acc);
       core::check_reduced_shape(*grad_loss, "grad_loss", c.reduction, x.shape.data(), x.ndim);
       read.push_back({"grad_loss", &*grad_loss});
@@ -175,7 +180,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
                     std::string("absent: this loss has no gradient for ") + operand + " (torch gives none)",
                     "a gradient view");
       }
-      core::check_view(**g, name);
+      core::check_view(**g, name, dev);
       core::check_dtype(**g, name, x.dtype);
       core::check_shape(**g, name, x.shape.data(), x.ndim);
       written.push_back({name, &**g});
@@ -186,12 +191,11 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   // only after its kernel, so there the kernel checks in the same pass and the scan runs only to report a failure.
   auto scan = [&] {
     if (c.scan == Scan::input_unit_interval) {
-      scan_values(be, x, c.x_name, "every element in [0, 1]", core::ValueScan::unit_interval,
+      scan_values(x, c.x_name, "every element in [0, 1]", core::ValueScan::unit_interval,
                   [](auto v) { return (v >= 0) & (v <= 1); });
     } else if (c.scan == Scan::z_nonnegative) {
       // NaN passes, as torch's any(var < 0).
-      scan_values(be, *c.z, c.z_name, "every element >= 0", core::ValueScan::non_negative,
-                  [](auto v) { return !(v < 0); });
+      scan_values(*c.z, c.z_name, "every element >= 0", core::ValueScan::non_negative, [](auto v) { return !(v < 0); });
     }
   };
   const bool check_in_kernel = grads == nullptr && c.reduction != Reduction::none && c.scan != Scan::none;

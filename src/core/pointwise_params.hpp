@@ -10,7 +10,8 @@
 
 namespace lossfuse::core {
 
-// PwParams::flags: the loss's boolean options, turned into template parameters at the kernels' switch point.
+// PwParams::flags: the loss's boolean options, turned into template parameters at the kernels' switch point
+// (visit_pointwise_loss in src/math/pointwise_losses.inc: option1 is bit 1, option2 bit 2).
 enum PwFlag : std::uint8_t {
   kPwPosWeight = 1,  // bce_with_logits: z holds pos_weight
   kPwLogTarget = 1,  // kl_div: log_target
@@ -48,5 +49,9 @@ struct PwParams {
   PwCheck check = PwCheck::none;
   char* tile_bad = nullptr;
 };
+
+// The flags as visit_pointwise_loss's two options.
+inline bool pw_option1(const PwParams& p) noexcept { return (p.flags & 1) != 0; }
+inline bool pw_option2(const PwParams& p) noexcept { return (p.flags & 2) != 0; }
 
 }  // namespace lossfuse::core

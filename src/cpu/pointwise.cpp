@@ -717,32 +717,10 @@ void TilesFor(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   }
 }
 
-// The one switch point: the loss kind and dtype become template parameters.
+// The loss kind (the formulas' own switch, compiled for this target) and the dtype become template parameters.
 void PointwiseTiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
-  switch (p.kind) {
-    case LossKind::mse: return TilesFor<lm::MseLoss>(p, t0, t1);
-    case LossKind::l1: return TilesFor<lm::L1Loss>(p, t0, t1);
-    case LossKind::smooth_l1: return TilesFor<lm::SmoothL1Loss>(p, t0, t1);
-    case LossKind::huber: return TilesFor<lm::HuberLoss>(p, t0, t1);
-    case LossKind::bce: return TilesFor<lm::BceLoss>(p, t0, t1);
-    case LossKind::bce_with_logits:
-      return (p.flags & core::kPwPosWeight) != 0 ? TilesFor<lm::BceWithLogitsLoss<true>>(p, t0, t1)
-                                                 : TilesFor<lm::BceWithLogitsLoss<false>>(p, t0, t1);
-    case LossKind::kl_div:
-      return (p.flags & core::kPwLogTarget) != 0 ? TilesFor<lm::KlDivLoss<true>>(p, t0, t1)
-                                                 : TilesFor<lm::KlDivLoss<false>>(p, t0, t1);
-    case LossKind::poisson_nll:
-      switch (p.flags & (core::kPwLogInput | core::kPwFull)) {
-        case 0: return TilesFor<lm::PoissonNllLoss<false, false>>(p, t0, t1);
-        case core::kPwLogInput: return TilesFor<lm::PoissonNllLoss<true, false>>(p, t0, t1);
-        case core::kPwFull: return TilesFor<lm::PoissonNllLoss<false, true>>(p, t0, t1);
-        default: return TilesFor<lm::PoissonNllLoss<true, true>>(p, t0, t1);
-      }
-    case LossKind::gaussian_nll: return TilesFor<lm::GaussianNllLoss>(p, t0, t1);
-    case LossKind::hinge_embedding: return TilesFor<lm::HingeEmbeddingLoss>(p, t0, t1);
-    case LossKind::margin_ranking: return TilesFor<lm::MarginRankingLoss>(p, t0, t1);
-    default: return;  // not an elementwise kind: core/pointwise.cpp passes none
-  }
+  lm::visit_pointwise_loss(p.kind, core::pw_option1(p), core::pw_option2(p),
+                           [&](auto loss) { TilesFor<decltype(loss)>(p, t0, t1); });
 }
 
 }  // namespace lossfuse::cpu::HWY_NAMESPACE

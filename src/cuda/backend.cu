@@ -1,6 +1,7 @@
-// The CUDA backend's table: cross-entropy and NLL (src/cuda/kernels.hpp). The other families have no CUDA kernels
-// yet: core refuses their CUDA operands at check_view (not_implemented, naming the argument), and their slots here
-// throw the same error should a caller reach them.
+// The CUDA backend's table: cross-entropy and NLL, and the eleven elementwise losses (src/cuda/kernels.hpp). The
+// other families have no CUDA kernels yet: core refuses their CUDA operands at check_view (not_implemented, naming
+// the argument), and their slots here throw the same error should a caller reach them. The elementwise losses' value
+// checks scan host copies (core), so value_scan is never given device memory.
 #include "core/backend.hpp"
 
 #include <cstdint>
@@ -57,13 +58,12 @@ void from_host(void* dst, const void* host, std::size_t bytes) {
 
 template <class Params>
 void not_on_cuda(const Params&) {
-  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (cross_entropy, nll)",
-              "another family on cuda");
+  throw Error(ErrorCode::not_implemented, "device",
+              "a loss family with CUDA kernels (cross_entropy, nll, the elementwise losses)", "another family on cuda");
 }
 
 bool value_scan_not_on_cuda(DType, const void*, std::int64_t, ValueScan) {
-  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (cross_entropy, nll)",
-              "an elementwise loss on cuda");
+  throw Error(ErrorCode::not_implemented, "value_scan", "host memory (core scans a host copy)", "device memory");
 }
 
 }  // namespace
@@ -75,7 +75,7 @@ const Backend* cuda_backend() noexcept {
       from_host,
       cuda::cross_entropy_rows,
       cuda::nll_rows,
-      not_on_cuda<PwParams>,
+      cuda::pointwise_run,
       value_scan_not_on_cuda,
       not_on_cuda<CtcParams>,
       not_on_cuda<MarginParams>,

@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/cross_entropy_params.hpp"
 #include "cuda/kernels.hpp"
@@ -534,48 +535,12 @@ unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
-// The CUDA device a pointer's memory lives on; host or unregistered memory in a cuda view is refused (a kernel would
-// fault on it and take the context down).
-int device_of(const void* ptr, const char* name) {
-  cudaPointerAttributes a{};
-  check(cudaPointerGetAttributes(&a, ptr), "cudaPointerGetAttributes");
-  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-    throw Error(ErrorCode::bad_pointer, name, "CUDA device memory (the view says cuda)", "host or unregistered memory");
-  }
-  return a.device;
+// The call's device operands, the logits (named `first`) first.
+std::vector<Operand> operands(const CeParams& p, const char* first) {
+  return {{p.logits, first},       {p.target, "target"},    {p.grad, "grad"},
+          {p.loss_rows, "loss"},   {p.lse_rows, "lse"},     {p.zloss_rows, "z_loss"},
+          {p.lse_in, "lse"},       {p.grad_loss, "grad_loss"}};
 }
-
-// Makes the first operand's device current for the call (restored after), once every other operand is found there:
-// TensorView names the device kind, not its index.
-class DeviceScope {
- public:
-  DeviceScope(const CeParams& p, const char* first) {
-    dev_ = device_of(p.logits, first);
-    const std::pair<const void*, const char*> others[] = {{p.target, "target"},   {p.grad, "grad"},
-                                                          {p.loss_rows, "loss"},  {p.lse_rows, "lse"},
-                                                          {p.zloss_rows, "z_loss"}, {p.lse_in, "lse"},
-                                                          {p.grad_loss, "grad_loss"}};
-    for (const auto& [ptr, name] : others) {
-      if (ptr == nullptr) continue;
-      const int d = device_of(ptr, name);
-      if (d != dev_) {
-        throw Error(ErrorCode::invalid_value, name,
-                    "memory on CUDA device " + std::to_string(dev_) + " (the " + first + "' device)",
-                    "memory on CUDA device " + std::to_string(d));
-      }
-    }
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != dev_) check(cudaSetDevice(dev_), "cudaSetDevice");
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() {
-    if (prev_ != dev_) (void)cudaSetDevice(prev_);
-  }
-
- private:
-  int dev_ = 0, prev_ = 0;
-};
 
 // Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
 template <class Acc>
@@ -632,7 +597,7 @@ template <class T>
 void ce_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   if (p.rows == 0) return;
-  const DeviceScope scope(p, "logits");
+  const DeviceScope scope(operands(p, "logits"));
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
   const bool reduced = p.block_loss != nullptr;
   const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
@@ -656,7 +621,7 @@ template <class T>
 void nll_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   if (p.rows == 0) return;
-  const DeviceScope scope(p, "input");
+  const DeviceScope scope(operands(p, "input"));
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
   const Acc* w = upload_weights<Acc>(p, wbuf);
   CeParams q = p;

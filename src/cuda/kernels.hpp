@@ -1,14 +1,17 @@
 // The CUDA backend's kernel entries (src/cuda/backend.cu puts them in its table). Each takes the params core
-// filled: operands and row outputs in device memory; class weights (p.weight) and the mean / sum block partials
-// (p.block_loss, p.block_zloss) in host memory, as for the CPU. They return once the device has finished and throw
+// filled: operands and row outputs in device memory; class weights (p.weight), the mean / sum block partials
+// (p.block_loss, p.block_zloss) and the elementwise losses' tile arrays (tile_loss, tile_weight, tile_bad) in host
+// memory, as for the CPU. They return once the device has finished and throw
 // Error(device_error) when a CUDA call fails.
 #pragma once
 
 #include "core/cross_entropy_params.hpp"
+#include "core/pointwise_params.hpp"
 
 namespace lossfuse::cuda {
 
 void cross_entropy_rows(const core::CeParams& p);  // src/cuda/cross_entropy.cu
 void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu
+void pointwise_run(const core::PwParams& p);       // src/cuda/pointwise.cu
 
 }  // namespace lossfuse::cuda

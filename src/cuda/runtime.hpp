@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lossfuse/device.hpp"
 #include "lossfuse/error.hpp"
@@ -21,6 +23,48 @@ inline void check(cudaError_t status, const char* what) {
                 std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
   }
 }
+
+// The CUDA device a pointer's memory lives on; host or unregistered memory in a cuda view is refused (a kernel would
+// fault on it and take the context down).
+inline int device_of(const void* ptr, const char* name) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, ptr), "cudaPointerGetAttributes");
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+    throw Error(ErrorCode::bad_pointer, name, "CUDA device memory (the view says cuda)", "host or unregistered memory");
+  }
+  return a.device;
+}
+
+// A call's device operand: its data (nullptr: absent) and its argument name.
+using Operand = std::pair<const void*, const char*>;
+
+// Makes the first operand's device current for the call (restored after), once every other operand present is found
+// there: TensorView names the device kind, not its index.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const std::vector<Operand>& operands) {
+    dev_ = device_of(operands.front().first, operands.front().second);
+    for (const auto& [ptr, name] : operands) {
+      if (ptr == nullptr) continue;
+      const int d = device_of(ptr, name);
+      if (d != dev_) {
+        throw Error(ErrorCode::invalid_value, name,
+                    "memory on CUDA device " + std::to_string(dev_) + " (the " + operands.front().second + "' device)",
+                    "memory on CUDA device " + std::to_string(d));
+      }
+    }
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != dev_) check(cudaSetDevice(dev_), "cudaSetDevice");
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  ~DeviceScope() {
+    if (prev_ != dev_) (void)cudaSetDevice(prev_);
+  }
+
+ private:
+  int dev_ = 0, prev_ = 0;
+};
 
 // The calling thread's stream (lossfuse::set_cuda_stream).
 inline cudaStream_t stream() noexcept { return static_cast<cudaStream_t>(cuda_stream()); }

@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "lossfuse/loss_kind.hpp"
 #include "math/host_device.hpp"
 
 namespace lossfuse::math {

@@ -38,8 +38,8 @@ TEST(Catalog, EntriesAgreeWithIsImplemented) {
   ASSERT_FALSE(ops.empty());
   std::set<decltype(key(ops[0]))> listed;
   for (const OpEntry& e : ops) {
-    EXPECT_TRUE(listed.insert(key(e)).second) << "duplicate entry " << lossfuse::loss_kind_name(e.kind) << " "
-                                              << dname(e.dtype);
+    EXPECT_TRUE(listed.insert(key(e)).second)
+        << "duplicate entry " << lossfuse::loss_kind_name(e.kind) << " " << dname(e.dtype);
     EXPECT_TRUE(lossfuse::is_floating(e.dtype)) << "an integer input dtype is listed";
     EXPECT_TRUE(lossfuse::is_implemented(e.kind, e.dtype, e.device, e.direction));
   }
@@ -62,17 +62,25 @@ TEST(Catalog, NoCudaEntriesWithoutCudaKernels) {
                                       << " claims a CUDA kernel";
 }
 #else
-// src/cuda/ has cross-entropy (forward, backward, fused) and NLL (forward, backward) in every float dtype, and no
-// other family (tests/cuda/cross_entropy_cuda_test.cpp runs them).
-TEST(Catalog, CudaEntriesAreCrossEntropyAndNll) {
+// src/cuda/ has cross-entropy (forward, backward, fused), NLL and the eleven elementwise losses (forward, backward)
+// in every float dtype, and no other family (tests/cuda/ runs them).
+TEST(Catalog, CudaEntriesAreCrossEntropyNllAndTheElementwiseLosses) {
+  const std::set<LossKind> elementwise = {LossKind::mse,           LossKind::l1,
+                                          LossKind::smooth_l1,     LossKind::huber,
+                                          LossKind::bce,           LossKind::bce_with_logits,
+                                          LossKind::kl_div,        LossKind::poisson_nll,
+                                          LossKind::gaussian_nll,  LossKind::hinge_embedding,
+                                          LossKind::margin_ranking};
   int n = 0;
   for (const OpEntry& e : lossfuse::implemented_ops()) {
     if (e.device != Device::cuda) continue;
     ++n;
-    EXPECT_TRUE(e.kind == LossKind::cross_entropy || (e.kind == LossKind::nll && e.direction != Direction::forward_backward))
+    const bool two_way = e.direction != Direction::forward_backward;
+    EXPECT_TRUE(e.kind == LossKind::cross_entropy ||
+                ((e.kind == LossKind::nll || elementwise.count(e.kind)) && two_way))
         << lossfuse::loss_kind_name(e.kind);
   }
-  EXPECT_EQ(n, 4 * 3 + 4 * 2);
+  EXPECT_EQ(n, 4 * 3 + 4 * 2 + 11 * 4 * 2);
 }
 #endif
 

@@ -14,31 +14,11 @@
 
 #include "cpu/ce_specs.hpp"
 #include "cpu/nll_harness.hpp"
-#include "lossfuse/pointwise.hpp"
+#include "cuda/cuda_memory.hpp"
+#include "lossfuse/margin.hpp"
 
 namespace lftest {
 namespace {
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-const DeviceMemory kCuda{
-    lossfuse::Device::cuda,
-    [](std::size_t bytes) {
-      void* p = nullptr;
-      cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
-      return p;
-    },
-    [](void* p) { (void)cudaFree(p); },
-    [](void* dst, const void* host, std::size_t bytes) {
-      cuda_ok(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    },
-    [](void* host, const void* src, std::size_t bytes) {
-      cuda_ok(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    },
-};
-
 
 std::string param_name(const auto& i) { return i.param.name; }
 
@@ -48,16 +28,21 @@ namespace ce {
 namespace {
 
 class CrossEntropyCuda : public ::testing::TestWithParam<Spec> {};
-TEST_P(CrossEntropyCuda, MatchesReference) {
-  run_all(GetParam(), &kCuda);
-}
-INSTANTIATE_TEST_SUITE_P(Vocab, CrossEntropyCuda, ::testing::ValuesIn(vocab_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Options, CrossEntropyCuda, ::testing::ValuesIn(option_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Soft, CrossEntropyCuda, ::testing::ValuesIn(soft_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda, ::testing::ValuesIn(shape_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(TargetDtypes, CrossEntropyCuda, ::testing::ValuesIn(target_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Adversarial, CrossEntropyCuda, ::testing::ValuesIn(adversarial_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Edge, CrossEntropyCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
+TEST_P(CrossEntropyCuda, MatchesReference) { run_all(GetParam(), &kCuda); }
+INSTANTIATE_TEST_SUITE_P(Vocab, CrossEntropyCuda, ::testing::ValuesIn(vocab_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Options, CrossEntropyCuda, ::testing::ValuesIn(option_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Soft, CrossEntropyCuda, ::testing::ValuesIn(soft_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda, ::testing::ValuesIn(shape_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(TargetDtypes, CrossEntropyCuda, ::testing::ValuesIn(target_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Adversarial, CrossEntropyCuda, ::testing::ValuesIn(adversarial_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Edge, CrossEntropyCuda, ::testing::ValuesIn(edge_specs()),
+                         [](const auto& i) { return param_name(i); });
 
 Spec base_spec(DType dt, DType tdt) {
   Spec s;
@@ -94,7 +79,7 @@ TEST(CrossEntropyCudaErrors, BadTargetNamesPositionAndWritesNothing) {
   }
 }
 
-// Every operand must live on the logits' device; other families have no CUDA kernels yet.
+// Every operand must live on the logits' device; the margin losses have no CUDA kernels yet.
 TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
   Problem p = build(base_spec(DType::f32, DType::i64));
   Fwd f = make_outputs(p, false, false);
@@ -112,10 +97,10 @@ TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
   } catch (const lossfuse::Error& e) {
     EXPECT_EQ(e.argument(), "loss");
   }
-  Tensor x2 = p.logits;
+  Tensor x2 = p.logits, x3 = p.logits;
   try {
-    lossfuse::mse_forward(m(p.logits), m(x2), {}, m(f.loss));
-    ADD_FAILURE() << "an elementwise loss ran on CUDA tensors";
+    lossfuse::triplet_margin_forward(m(p.logits), m(x2), m(x3), {}, m(f.loss));
+    ADD_FAILURE() << "a margin loss ran on CUDA tensors";
   } catch (const lossfuse::Error& e) {
     EXPECT_EQ(e.code(), lossfuse::ErrorCode::not_implemented) << e.what();
   }
@@ -181,8 +166,8 @@ TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
       Mirror m(&kCuda);
       CrossEntropyOptions o = p.options();
       o.weight = m(p.weight);
-      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), o, mirror_outputs(m, f, f.out),
-                                               std::nullopt, m(grad));
+      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), o, mirror_outputs(m, f, f.out), std::nullopt,
+                                               m(grad));
       m.download();
       std::vector<std::uint8_t> bits = f.loss.storage;
       bits.insert(bits.end(), f.lse.storage.begin(), f.lse.storage.end());
@@ -200,24 +185,17 @@ namespace nll {
 namespace {
 
 class NllCuda : public ::testing::TestWithParam<Spec> {};
-TEST_P(NllCuda, MatchesReference) {
-  run_all(GetParam(), &kCuda);
-}
-INSTANTIATE_TEST_SUITE_P(Options, NllCuda, ::testing::ValuesIn(option_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(Layouts, NllCuda, ::testing::ValuesIn(layout_specs()), [](const auto& i) { return param_name(i); });
-INSTANTIATE_TEST_SUITE_P(TargetDtypes, NllCuda, ::testing::ValuesIn(target_specs()), [](const auto& i) { return param_name(i); });
+TEST_P(NllCuda, MatchesReference) { run_all(GetParam(), &kCuda); }
+INSTANTIATE_TEST_SUITE_P(Options, NllCuda, ::testing::ValuesIn(option_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(Layouts, NllCuda, ::testing::ValuesIn(layout_specs()),
+                         [](const auto& i) { return param_name(i); });
+INSTANTIATE_TEST_SUITE_P(TargetDtypes, NllCuda, ::testing::ValuesIn(target_specs()),
+                         [](const auto& i) { return param_name(i); });
 INSTANTIATE_TEST_SUITE_P(Edge, NllCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
 
 }  // namespace
 }  // namespace nll
 }  // namespace lftest
 
-int main(int argc, char** argv) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no CUDA device on this machine: every CUDA test skipped\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return lftest::run_cuda_tests(argc, argv); }
