@@ -2,20 +2,26 @@
 # The one command that verifies and measures lossfuse's CUDA backend on a machine with an NVIDIA GPU.
 # Usage: scripts/gpu_check.sh OUT_DIR. Writes OUT_DIR/gpu_check.log and the CSVs cuda_bench.csv (lossfuse and the
 # device's read / copy probes) and torch_bench.csv (torch eager and compiled at the same shapes).
-# Steps: the CUDA C++ tests (every cross-entropy / NLL and elementwise spec of the CPU suite on device tensors, against
-# the float64 reference), compute-sanitizer memcheck and racecheck on a subset, the benches, then the torch extension built with
-# its CUDA route (against this machine's torch, Highway from .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py). Executables come from .gpu/bin
-# when scripts/gpu_build.sh made them elsewhere (machines without Highway / GoogleTest), else are built here.
-# Exit status: the number of failed steps.
+# Steps: the CUDA C++ tests (every cross-entropy / NLL and elementwise spec of the CPU suite on device tensors,
+# against the float64 reference), compute-sanitizer memcheck and racecheck on subsets, the benches, then the torch
+# extension built with its CUDA route (against this machine's torch, Highway from .gpu/hwy) and its CUDA tests
+# (python/tests/test_cuda.py). Executables come from .gpu/bin when scripts/gpu_build.sh made them elsewhere (machines
+# without Highway / GoogleTest), else are built here. Exit status: the number of failed steps.
+# The steps' limits add up to more than one device session's time; a first pass on a new machine can run
+#   GPU_CHECK_ONLY='^(build|cuda tests|cuda pointwise tests|memcheck pointwise)$' scripts/gpu_check.sh OUT
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 exec > >(tee "$out/gpu_check.log") 2>&1
 failed=0
-step() {  # step NAME TIMEOUT_S COMMAND...
+step() {  # step NAME TIMEOUT_S COMMAND...; GPU_CHECK_ONLY (an extended regex) runs only the steps it matches
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ "$name" =~ $GPU_CHECK_ONLY ]]; then
+    echo "=== $name: skipped (GPU_CHECK_ONLY)"
+    return
+  fi
   echo "=== $name"
   timeout "$limit" "$@"
   rc=$?

@@ -28,7 +28,13 @@ void* torch_allocate(std::size_t bytes, CudaStream stream, void*) {
     return nullptr;
   }
 }
-void torch_release(void* ptr, CudaStream, void*) { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+// Called from a destructor: an error (a pointer torch does not know) must not escape; the block is then lost.
+void torch_release(void* ptr, CudaStream, void*) noexcept {
+  try {
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  } catch (const c10::Error&) {
+  }
+}
 
 const bool g_allocator_installed = [] {
   set_cuda_allocator({torch_allocate, torch_release, nullptr});

@@ -199,7 +199,8 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     }
   };
   const bool check_in_kernel = grads == nullptr && c.reduction != Reduction::none && c.scan != Scan::none;
-  if (!check_in_kernel) scan();
+  const core::PwCheck kernel_check =
+      c.scan == Scan::input_unit_interval ? core::PwCheck::x_unit_interval : core::PwCheck::z_nonnegative;
 
   PwParams p;
   p.kind = c.kind;
@@ -232,6 +233,22 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   p.tile = 16384;
   p.tiles_per_row = p.inner > 0 ? (p.inner + p.tile - 1) / p.tile : 0;
   const std::int64_t tiles = p.rows * p.tiles_per_row;
+  if (!check_in_kernel && c.scan != Scan::none) {
+    // On a device, a kernel pass that only flags tiles (it writes no output) goes first, so the operand is read back
+    // to the host only when one is flagged; on the CPU the scan itself is that fast pass.
+    bool flagged = true;
+    if (dev != Device::cpu) {
+      PwParams q = p;
+      q.backward = false;
+      for (int v = core::kPwGX; v < core::kPwViews; ++v) q.ptr[v] = nullptr;
+      std::vector<char> bad(static_cast<std::size_t>(tiles), 0);
+      q.tile_bad = bad.data();
+      q.check = kernel_check;
+      be.pointwise(q);
+      flagged = std::find(bad.begin(), bad.end(), char(1)) != bad.end();
+    }
+    if (flagged) scan();
+  }
 
   // 'mean' denominators: numel, or the sum of the weights (taken by the kernel's own pass when needed).
   std::vector<double> tile_loss, tile_weight;
@@ -270,7 +287,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   if (check_in_kernel) {
     tile_bad.assign(static_cast<std::size_t>(tiles), 0);
     p.tile_bad = tile_bad.data();
-    p.check = c.scan == Scan::input_unit_interval ? core::PwCheck::x_unit_interval : core::PwCheck::z_nonnegative;
+    p.check = kernel_check;
   }
   be.pointwise(p);
   // A flagged tile may hold a bad value (the kernel's test is conservative: bce's flags -0 too); the exact scan

@@ -43,9 +43,10 @@ struct PwParams {
   double grad_scale = 1;                     // upstream gradient scale (1/denominator folded in for mean)
   double* tile_loss = nullptr;               // reductions: per tile sum of (w) l, in double
   double* tile_weight = nullptr;             // weighted mean over sum(w): per tile sum of w
-  // Reduced forward only: core's value check made in the same pass instead of a pass of its own. A tile holding
-  // an element outside the valid range gets tile_bad[t] = 1; core then finds and reports the first one (the
-  // reduced loss is written after the kernel, so nothing has been written).
+  // Reduced forward: core's value check made in the same pass instead of a pass of its own. A tile holding an
+  // element outside the valid range gets tile_bad[t] = 1; core then finds and reports the first one (the reduced
+  // loss is written after the kernel, so nothing has been written). Device backends also take a check-only pass
+  // (a forward with no loss_rows nor tile_loss), which flags tiles and writes nothing else.
   PwCheck check = PwCheck::none;
   char* tile_bad = nullptr;
 };

@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kThreads)
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
   const Acc gscale = static_cast<Acc>(p.grad_scale);
   const bool want_loss = !p.backward && (loss_rows != nullptr || tile_loss != nullptr);
+  const bool checking = tile_bad != nullptr && p.check != core::PwCheck::none;
+  const bool sums = tile_loss != nullptr || tile_weight != nullptr || tile_bad != nullptr;
   const int64_t tiles = p.rows * p.tiles_per_row;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t row = t / p.tiles_per_row;
@@ -80,15 +82,18 @@ __global__ void __launch_bounds__(kThreads)
     double tl = 0, tw = 0;
     bool bad = false;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
-      const Acc x = Io::load(X, at(core::kPwX, i));
-      const Acc y = Io::load(Y, at(core::kPwY, i));
-      const Acc z = Z != nullptr ? Io::load(Z, at(core::kPwZ, i)) : Acc(0);
       const Acc w = W != nullptr ? Io::load(W, at(core::kPwW, i)) : Acc(1);
       if (!p.backward) {
         tw += static_cast<double>(w);
-        if (!want_loss) continue;
+        if (!want_loss && !checking) continue;  // the weight-sum pass
+      }
+      const Acc x = Io::load(X, at(core::kPwX, i));
+      const Acc y = Io::load(Y, at(core::kPwY, i));
+      const Acc z = Z != nullptr ? Io::load(Z, at(core::kPwZ, i)) : Acc(0);
+      if (!p.backward) {
         if (p.check == core::PwCheck::x_unit_interval) bad |= !((x >= Acc(0)) & (x <= Acc(1)));
         if (p.check == core::PwCheck::z_nonnegative) bad |= z < Acc(0);
+        if (!want_loss) continue;  // the check-only pass
         Acc l = Loss::value(o, k, x, y, z);
         if (W != nullptr) l *= w;
         if (loss_rows != nullptr) {
@@ -106,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
       if (GY != nullptr) Io::store(GY, at(core::kPwGY, i), dy);
       if (GZ != nullptr) Io::store(GZ, at(core::kPwGZ, i), dz);
     }
-    if (p.backward) continue;
+    if (p.backward || !sums) continue;  // (uniform over the block)
     const double sl = block_sum(tl, slots), sw = block_sum(tw, slots);
     const int any_bad = __syncthreads_or(bad ? 1 : 0);
     if (threadIdx.x == 0) {

@@ -49,7 +49,7 @@ class DeviceScope {
       const int d = device_of(ptr, name);
       if (d != dev_) {
         throw Error(ErrorCode::invalid_value, name,
-                    "memory on CUDA device " + std::to_string(dev_) + " (the " + operands.front().second + "' device)",
+                    "memory on CUDA device " + std::to_string(dev_) + " (that of " + operands.front().second + ")",
                     "memory on CUDA device " + std::to_string(d));
       }
     }
