@@ -130,6 +130,34 @@ void scan_values(const TensorView& view, const char* name, const char* expected,
   }
 }
 
+// Merges adjacent dims that every view walks as one (dims of size 1 dropped; dim k joins the dims after it when each
+// present view's stride there is their size times its stride on them: contiguous, or broadcast in both), so rows are
+// as long as the layout allows: an (N, 1) or a contiguous (N, 4) problem is one row of N or 4N elements, not N rows of
+// one or four (a tile per row: 155x slower for (4M, 1) mse). The rows' order and each element's offset are unchanged.
+void merge_dims(PwParams& p) {
+  std::int64_t shape[kMaxDims], strides[core::kPwViews][kMaxDims];
+  int n = 0;  // merged dims, built from the last
+  for (int k = p.ndim - 1; k >= 0; --k) {
+    if (p.shape[k] == 1 && !(k == 0 && n == 0)) continue;  // no effect on any offset (keep one dim)
+    bool joins = n > 0;
+    for (int v = 0; v < core::kPwViews && joins; ++v) {
+      if (p.ptr[v] != nullptr) joins = p.strides[v][k] == shape[n - 1] * strides[v][n - 1];
+    }
+    if (joins) {
+      shape[n - 1] *= p.shape[k];
+      continue;
+    }
+    shape[n] = p.shape[k];
+    for (int v = 0; v < core::kPwViews; ++v) strides[v][n] = p.strides[v][k];
+    ++n;
+  }
+  p.ndim = n;
+  for (int k = 0; k < n; ++k) {  // back to outer-to-inner order
+    p.shape[k] = shape[n - 1 - k];
+    for (int v = 0; v < core::kPwViews; ++v) p.strides[v][k] = strides[v][n - 1 - k];
+  }
+}
+
 void run(const PwCall& c, const TensorView& x, const TensorView& y, const TensorView* loss,
          const std::optional<TensorView>& grad_loss, const GradOut* grads) {
   const core::Backend& be = core::backend_for(x, c.x_name);
@@ -228,6 +256,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     if (grad_loss && c.reduction == Reduction::none) set_view(core::kPwGO, &*grad_loss);
   }
   p.numel = x.numel();
+  if (p.numel > 0) merge_dims(p);
   p.inner = p.shape[p.ndim - 1];
   p.rows = p.inner > 0 ? p.numel / p.inner : 0;
   p.tile = 16384;
