@@ -170,6 +170,43 @@ TEST(PointwiseFiniteDifferences, Float64) {
     }
 }
 
+// ---- inputs whose elements overlap ----------------------------------------------------------------------------
+
+// Sliding windows (strides (1, 1): element [r, c] is buffer[r + c]), a layout torch allows for inputs (unfold,
+// as_strided). Adjacent dims with equal strides must not be merged into one run (core's merge_dims): every loss of
+// d = x - y against the elements read one by one, reduction none and sum, with and without a weight.
+TEST(PointwiseLayouts, OverlappingInputWindows) {
+  Tensor buf = Tensor::make(DType::f32, {11});
+  for (std::int64_t i = 0; i < 11; ++i) buf.set(i, 0.25 * static_cast<double>(i * i % 7) - 0.5);
+  TensorView x = buf.view;
+  x.ndim = 2, x.shape[0] = 5, x.shape[1] = 7, x.strides[0] = 1, x.strides[1] = 1;
+  Tensor y = Tensor::make(DType::f32, {5, 7}), w = Tensor::make(DType::f32, {5, 7});
+  for (std::int64_t i = 0; i < 35; ++i) y.set(i, 0.125 * static_cast<double>(i % 5)), w.set(i, 1 + i % 3);
+  for (const Config& c : configs()) {
+    if (!lfref::pw_of_difference(c.loss)) continue;
+    SCOPED_TRACE(c.name);
+    std::vector<double> want(35), wsum(35);
+    for (std::int64_t r = 0; r < 5; ++r)
+      for (std::int64_t k = 0; k < 7; ++k) {
+        const double l = lfref::pw_elem(c.loss, c.o, buf.get(r + k), y.get(r * 7 + k), 0).l;
+        want[r * 7 + k] = l, wsum[r * 7 + k] = l * w.get(r * 7 + k);
+      }
+    for (bool weighted : {false, true}) {
+      const PwArgs a{c.loss,
+                     c.o,
+                     Reduction::none,
+                     x,
+                     y.view,
+                     std::nullopt,
+                     weighted ? std::optional<TensorView>(w.view) : std::nullopt};
+      Tensor loss = Tensor::make(DType::f32, {5, 7});
+      pw_forward(a, loss.view);
+      const bool takes = weighted && lfref::pw_takes_weight(c.loss);
+      for (std::int64_t i = 0; i < 35; ++i) EXPECT_NEAR(loss.get(i), takes ? wsum[i] : want[i], 1e-5) << i;
+    }
+  }
+}
+
 // ---- determinism across thread counts ------------------------------------------------------------------------
 
 // Every configuration: the reduced losses and the input gradient bitwise the same on 1, 2 and 3 threads.
