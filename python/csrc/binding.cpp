@@ -189,10 +189,10 @@ TORCH_LIBRARY(lossfuse, m) {
   m.def("_has_cuda() -> bool");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
-#if defined(LOSSFUSE_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
-#endif
+namespace {
+void register_kernels(torch::Library& m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
+}  // namespace
+LOSSFUSE_DEVICE_KERNELS(register_kernels)
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);

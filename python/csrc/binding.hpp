@@ -14,6 +14,17 @@
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
 
+// Registers a file's device kernels, `register_fn(torch::Library&)`, for every device this build serves: the CPU, and
+// CUDA with the CUDA route (device.hpp). The one place that says which dispatch keys get kernels.
+#if defined(LOSSFUSE_TORCH_CUDA)
+#define LOSSFUSE_DEVICE_KERNELS(register_fn)               \
+  TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { register_fn(m); } \
+  TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { register_fn(m); }
+#else
+#define LOSSFUSE_DEVICE_KERNELS(register_fn) \
+  TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { register_fn(m); }
+#endif
+
 namespace lossfuse::torch_binding {
 
 // A view of a CPU tensor (or a CUDA one, in a build with the CUDA route: device.hpp) of a dtype lossfuse knows, with

@@ -351,10 +351,7 @@ void register_kernels(torch::Library& m) {
 }  // namespace
 }  // namespace lossfuse::torch_binding
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) { lossfuse::torch_binding::register_kernels(m); }
-#if defined(LOSSFUSE_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(lossfuse, CUDA, m) { lossfuse::torch_binding::register_kernels(m); }
-#endif
+LOSSFUSE_DEVICE_KERNELS(lossfuse::torch_binding::register_kernels)
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeImplicitAutograd, m) {
   m.impl("_cross_entropy_eager", &lossfuse::torch_binding::cross_entropy_eager<lossfuse::GradWrite::separate>);

@@ -1,6 +1,6 @@
 // The torch binding's CUDA route: which device a call runs on and how. A build with LOSSFUSE_TORCH_CUDA (torch with
-// CUDA and lossfuse's CUDA backend) runs cross_entropy and nll on CUDA tensors on torch's current stream with scratch
-// from torch's caching allocator; without it every op is CPU-only.
+// CUDA and lossfuse's CUDA backend) runs the ops of the losses with CUDA kernels on CUDA tensors, on torch's current
+// stream with scratch from torch's caching allocator; without it every op is CPU-only.
 #pragma once
 
 #include <ATen/ATen.h>

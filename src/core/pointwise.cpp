@@ -78,8 +78,8 @@ std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) 
 }
 
 // Throws invalid_value naming `name`, `expected` and the first element (row-major order) where ok(v) is false,
-// with its position and value. A device operand is scanned in a host copy (a read-back of the whole operand: the
-// CUDA backend's cost of bce's and gaussian_nll's checks outside the reduced forward, which checks in its kernel).
+// with its position and value. A device operand is scanned in a host copy (a read-back of the whole operand, which
+// run() asks for only once a kernel pass has flagged a tile).
 // Blocks of elements are scanned in parallel, each without an early exit: a
 // contiguous block by the backend's vectorized bit test value_scan (`kind`, the same test as ok), others
 // element by element. Only a block holding a bad element is searched for the first one.

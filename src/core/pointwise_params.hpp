@@ -7,6 +7,7 @@
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
+#include "math/host_device.hpp"
 
 namespace lossfuse::core {
 
@@ -50,6 +51,27 @@ struct PwParams {
   PwCheck check = PwCheck::none;
   char* tile_bad = nullptr;
 };
+
+// Every view's element offset of (row, element i0 of the row): rows are the dims before the last, in row-major
+// order. Shared by every backend's kernels.
+struct PwOffsets {
+  std::int64_t v[kPwViews];
+};
+LF_HOST_DEVICE PwOffsets pw_row_offsets(const PwParams& p, std::int64_t row, std::int64_t i0) {
+  std::int64_t coords[kMaxDims] = {};
+  for (int k = p.ndim - 2; k >= 0; --k) {
+    coords[k] = row % p.shape[k];
+    row /= p.shape[k];
+  }
+  coords[p.ndim - 1] = i0;
+  PwOffsets o{};
+  for (int v = 0; v < kPwViews; ++v) {
+    std::int64_t off = 0;
+    for (int k = 0; k < p.ndim; ++k) off += coords[k] * p.strides[v][k];
+    o.v[v] = off;
+  }
+  return o;
+}
 
 // The flags as visit_pointwise_loss's two options.
 inline bool pw_option1(const PwParams& p) noexcept { return (p.flags & 1) != 0; }

@@ -303,29 +303,6 @@ namespace lm {
 #include "math/pointwise_losses.inc"  // NOLINT(bugprone-suspicious-include)
 }  // namespace lm
 
-
-struct Offsets {
-  std::int64_t v[core::kPwViews];
-};
-
-// Element offsets of (row, first element) in every view.
-HWY_INLINE Offsets RowOffsets(const PwParams& p, std::int64_t row, std::int64_t i0) {
-  Offsets o{};
-  std::int64_t coords[kMaxDims] = {};
-  std::int64_t r = row;
-  for (int k = p.ndim - 2; k >= 0; --k) {
-    coords[k] = r % p.shape[k];
-    r /= p.shape[k];
-  }
-  coords[p.ndim - 1] = i0;
-  for (int v = 0; v < core::kPwViews; ++v) {
-    std::int64_t off = 0;
-    for (int k = 0; k < p.ndim; ++k) off += coords[k] * p.strides[v][k];
-    o.v[v] = off;
-  }
-  return o;
-}
-
 // What a loss reads besides x and y, and the value check its reduced forward can be asked for (the contiguous
 // loops below are compiled for these; any other combination takes the general loop).
 template <class Loss>
@@ -608,7 +585,7 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
     const std::int64_t row = t / p.tiles_per_row;
     const std::int64_t i0 = (t % p.tiles_per_row) * p.tile;
     const std::int64_t i1 = std::min(p.inner, i0 + p.tile);
-    const Offsets o = RowOffsets(p, row, i0);
+    const core::PwOffsets o = core::pw_row_offsets(p, row, i0);
     V vl = hn::Zero(d), vw = hn::Zero(d);
     double tl = 0, tw = 0;
     auto bad = hn::FirstN(d, 0);  // all false

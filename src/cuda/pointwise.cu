@@ -22,20 +22,6 @@ using std::int64_t;
 
 constexpr int kThreads = 256;
 
-// Every operand view's element offset of (row, element 0 of the row).
-__device__ void row_offsets(const PwParams& p, int64_t row, int64_t* off) {
-  int64_t coords[kMaxDims] = {};
-  for (int k = p.ndim - 2; k >= 0; --k) {
-    coords[k] = row % p.shape[k];
-    row /= p.shape[k];
-  }
-  for (int v = 0; v < core::kPwViews; ++v) {
-    int64_t o = 0;
-    for (int k = 0; k + 1 < p.ndim; ++k) o += coords[k] * p.strides[v][k];
-    off[v] = o;
-  }
-}
-
 // Sums v over the block in a fixed order (a tree over the threads' slots); every thread gets the total.
 __device__ double block_sum(double v, double* slots) {
   slots[threadIdx.x] = v;
@@ -76,9 +62,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = t / p.tiles_per_row;
     const int64_t i0 = (t % p.tiles_per_row) * p.tile;
     const int64_t i1 = i0 + p.tile < p.inner ? i0 + p.tile : p.inner;
-    int64_t off[core::kPwViews];
-    row_offsets(p, row, off);
-    const auto at = [&](int v, int64_t i) { return off[v] + i * p.strides[v][last]; };
+    const core::PwOffsets off = core::pw_row_offsets(p, row, 0);
+    const auto at = [&](int v, int64_t i) { return off.v[v] + i * p.strides[v][last]; };
     double tl = 0, tw = 0;
     bool bad = false;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
