@@ -1,9 +1,9 @@
-// lossfuse CUDA bench: cross-entropy through the public C++ API on device tensors, against the device's own
-// read-only and copy probes. Prints one CSV row per (shape, dtype, mode): the median time per call over timed
-// repetitions (CUDA events around the whole call, host-side checks and copies included), the bytes the call must
-// move, GB/s and the percentage of the matching probe (forward: read probe; forward+backward: copy probe).
-// Usage: lossfuse_cuda_bench [csv path [rows,classes,dtype,mode]]: the fourth argument runs that one case (for a
-// profiler: ncu -k regex:ce_rows). scripts/gpu_check.sh runs it.
+// lossfuse CUDA bench: cross-entropy and the five margin losses through the public C++ API on device tensors, against
+// the device's own read-only and copy probes. Prints one CSV row per (loss, shape, dtype, mode): the median time per
+// call over timed repetitions (CUDA events around the whole call, host-side checks and copies included), the bytes the
+// call must move, GB/s and the percentage of the matching probe (forward: read probe; a call writing gradients: copy
+// probe). Usage: lossfuse_cuda_bench [csv path [rows,classes,dtype,mode]]: the second argument runs the cross-entropy
+// cases of that key only (for a profiler: ncu -k regex:ce_rows). scripts/gpu_check.sh runs it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +15,8 @@
 
 #include "lossfuse/cross_entropy.hpp"
 #include "lossfuse/dtype.hpp"
+#include "lossfuse/loss_kind.hpp"
+#include "lossfuse/margin.hpp"
 
 namespace {
 
@@ -82,6 +84,106 @@ TensorView view2(void* p, DType dt, std::int64_t n, std::int64_t c) {
   return TensorView::contiguous(p, dt, {n, c}, lossfuse::Device::cuda);
 }
 
+// The margin losses at (4096, 1024), mean reduction: the forward reads the inputs (and targets), the backward reads
+// them and writes every input's gradient.
+void bench_margin(FILE* csv, double read_gbs, double copy_gbs) {
+  using lossfuse::LossKind;
+  constexpr std::int64_t n = 4096, d = 1024;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::size_t esz = lossfuse::dtype_size(dt);
+    const std::int64_t elems = n * d;
+    void* buf[6] = {};  // three inputs, then their gradients
+    for (void*& p : buf) {
+      ok(cudaMalloc(&p, elems * esz), "malloc");
+      fill_random<<<4096, 256>>>(static_cast<std::uint16_t*>(p), elems, 13, dt == DType::bf16);
+    }
+    // class targets: one per row (multi_margin), label lists of 8 ending in -1 (multilabel_margin); cosine's +-1
+    std::vector<std::int64_t> cls(n), labels(n * d, -1);
+    std::vector<float> signs(n);
+    std::mt19937_64 rng(3);
+    for (std::int64_t r = 0; r < n; ++r) {
+      cls[r] = static_cast<std::int64_t>(rng() % d);
+      for (int k = 0; k < 8; ++k) labels[r * d + k] = static_cast<std::int64_t>(rng() % d);
+      signs[r] = (rng() % 2) ? 1.0f : -1.0f;
+    }
+    void *tc = nullptr, *tl = nullptr, *ts = nullptr, *soft = nullptr, *loss = nullptr;
+    ok(cudaMalloc(&tc, n * 8), "malloc");
+    ok(cudaMalloc(&tl, elems * 8), "malloc");
+    ok(cudaMalloc(&ts, n * 8), "malloc");
+    ok(cudaMalloc(&soft, elems * esz), "malloc");
+    ok(cudaMalloc(&loss, 8), "malloc");
+    fill_random<<<4096, 256>>>(static_cast<std::uint16_t*>(soft), elems, 17, dt == DType::bf16);
+    ok(cudaMemcpy(tc, cls.data(), n * 8, cudaMemcpyHostToDevice), "copy");
+    ok(cudaMemcpy(tl, labels.data(), elems * 8, cudaMemcpyHostToDevice), "copy");
+    std::vector<std::uint16_t> sign_bits(n);
+    for (std::int64_t r = 0; r < n; ++r) sign_bits[r] = signs[r] > 0 ? 0x3f80 : 0xbf80;  // bf16 +-1
+    ok(dt == DType::bf16 ? cudaMemcpy(ts, sign_bits.data(), n * 2, cudaMemcpyHostToDevice)
+                         : cudaMemcpy(ts, signs.data(), n * 4, cudaMemcpyHostToDevice),
+       "copy");
+    ok(cudaDeviceSynchronize(), "fill");
+    auto v = [&](void* p) { return view2(p, dt, n, d); };
+    const auto cu = lossfuse::Device::cuda;
+    const TensorView lv = TensorView::contiguous(loss, DType::f32, {}, cu);
+    const TensorView cls_v = TensorView::contiguous(tc, DType::i64, {n}, cu);
+    const TensorView lab_v = TensorView::contiguous(tl, DType::i64, {n, d}, cu);
+    const TensorView sign_v = TensorView::contiguous(ts, dt, {n}, cu);
+    struct Case {
+      LossKind kind;
+      int inputs;    // float inputs of (n, d) read (soft margin: its float target too)
+      double extra;  // other bytes read (integer targets)
+    };
+    const Case cases[] = {{LossKind::triplet_margin, 3, 0},
+                          {LossKind::cosine_embedding, 2, 0},
+                          {LossKind::multi_margin, 1, n * 8.0},
+                          {LossKind::multilabel_margin, 1, elems * 8.0},
+                          {LossKind::multilabel_soft_margin, 2, 0}};
+    for (const Case& c : cases) {
+      for (bool backward : {false, true}) {
+        const int grads = c.kind == LossKind::multilabel_soft_margin ? 1 : c.inputs;
+        const double read = c.inputs * static_cast<double>(elems * esz) + c.extra;
+        const double bytes = read + (backward ? grads * static_cast<double>(elems * esz) : 0.0);
+        const double probe = backward ? copy_gbs : read_gbs;
+        const double ms = median_ms(
+            [&] {
+              switch (c.kind) {
+                case LossKind::triplet_margin:
+                  if (!backward) return lossfuse::triplet_margin_forward(v(buf[0]), v(buf[1]), v(buf[2]), {}, lv);
+                  return lossfuse::triplet_margin_backward(v(buf[0]), v(buf[1]), v(buf[2]), std::nullopt, {}, v(buf[3]),
+                                                           v(buf[4]), v(buf[5]));
+                case LossKind::cosine_embedding:
+                  if (!backward) return lossfuse::cosine_embedding_forward(v(buf[0]), v(buf[1]), sign_v, {}, lv);
+                  return lossfuse::cosine_embedding_backward(v(buf[0]), v(buf[1]), sign_v, std::nullopt, {}, v(buf[3]),
+                                                             v(buf[4]));
+                case LossKind::multi_margin:
+                  if (!backward) return lossfuse::multi_margin_forward(v(buf[0]), cls_v, {}, lv);
+                  return lossfuse::multi_margin_backward(v(buf[0]), cls_v, std::nullopt, {}, v(buf[3]));
+                case LossKind::multilabel_margin:
+                  if (!backward) return lossfuse::multilabel_margin_forward(v(buf[0]), lab_v, {}, lv);
+                  return lossfuse::multilabel_margin_backward(v(buf[0]), lab_v, std::nullopt, {}, v(buf[3]));
+                default:
+                  if (!backward) return lossfuse::multilabel_soft_margin_forward(v(buf[0]), v(soft), {}, lv);
+                  return lossfuse::multilabel_soft_margin_backward(v(buf[0]), v(soft), std::nullopt, {}, v(buf[3]),
+                                                                   std::nullopt);
+              }
+            },
+            30);
+        const double gbs = bytes / ms / 1e6;
+        const char* fmt = "%s,%lld,%lld,%s,%s,%.1f,%.0f,%.1f,%.1f\n";
+        const char* mode = backward ? "backward" : "forward";
+        const std::string name(lossfuse::loss_kind_name(c.kind));
+        std::printf(fmt, name.c_str(), static_cast<long long>(n), static_cast<long long>(d),
+                    lossfuse::dtype_name(dt).data(), mode, ms * 1e3, bytes, gbs, 100.0 * gbs / probe);
+        if (csv) {
+          std::fprintf(csv, fmt, name.c_str(), static_cast<long long>(n), static_cast<long long>(d),
+                       lossfuse::dtype_name(dt).data(), mode, ms * 1e3, bytes, gbs, 100.0 * gbs / probe);
+        }
+      }
+    }
+    for (void* p : buf) ok(cudaFree(p), "free");
+    for (void* p : {tc, tl, ts, soft, loss}) ok(cudaFree(p), "free");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,11 +201,11 @@ int main(int argc, char** argv) {
   ok(cudaMalloc(&pb, probe_bytes), "malloc");
   ok(cudaMalloc(&sink, 1 << 20), "malloc");
   fill_random<<<4096, 256>>>(static_cast<std::uint16_t*>(pa), probe_bytes / 2, 7, true);
-  const double read_ms = median_ms([&] {
-    read_probe<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const uint4*>(pa), probe_bytes / 16, sink);
-  }, 10);
-  const double copy_ms = median_ms([&] { ok(cudaMemcpyAsync(pb, pa, probe_bytes, cudaMemcpyDeviceToDevice), "copy"); },
-                                   10);
+  const double read_ms = median_ms(
+      [&] { read_probe<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const uint4*>(pa), probe_bytes / 16, sink); },
+      10);
+  const double copy_ms =
+      median_ms([&] { ok(cudaMemcpyAsync(pb, pa, probe_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 10);
   const double read_gbs = static_cast<double>(probe_bytes) / read_ms / 1e6;
   const double copy_gbs = 2.0 * static_cast<double>(probe_bytes) / copy_ms / 1e6;
   ok(cudaFree(pa), "free");
@@ -124,8 +226,8 @@ int main(int argc, char** argv) {
                           {4096, 32000, DType::f32},   {4096, 32000, DType::bf16},   {8192, 32000, DType::bf16},
                           {8192, 128256, DType::bf16}, {16384, 131072, DType::bf16}, {8192, 128256, DType::f32}};
   for (const Shape& s : shapes) {
-    const std::string shape_key = std::to_string(s.n) + "," + std::to_string(s.c) + "," +
-                                  std::string(lossfuse::dtype_name(s.dt)) + ",";
+    const std::string shape_key =
+        std::to_string(s.n) + "," + std::to_string(s.c) + "," + std::string(lossfuse::dtype_name(s.dt)) + ",";
     if (!only.empty() && only.rfind(shape_key, 0) != 0) continue;
     const std::int64_t elems = s.n * s.c;
     const std::size_t esz = lossfuse::dtype_size(s.dt);
@@ -162,15 +264,17 @@ int main(int argc, char** argv) {
     for (const Mode& m : modes) {
       const std::string mode = m.name;
       if (!only.empty() && only != shape_key + mode) continue;
-      const double ms = median_ms([&] {
-        if (mode == "forward") {
-          lossfuse::cross_entropy_forward(xv, tv, o, out);
-        } else if (mode == "forward_backward") {
-          lossfuse::cross_entropy_forward_backward(xv, tv, o, out, std::nullopt, gv);
-        } else {
-          lossfuse::cross_entropy_forward_backward(xv, tv, o, out, std::nullopt, xv, lossfuse::GradWrite::in_place);
-        }
-      }, reps);
+      const double ms = median_ms(
+          [&] {
+            if (mode == "forward") {
+              lossfuse::cross_entropy_forward(xv, tv, o, out);
+            } else if (mode == "forward_backward") {
+              lossfuse::cross_entropy_forward_backward(xv, tv, o, out, std::nullopt, gv);
+            } else {
+              lossfuse::cross_entropy_forward_backward(xv, tv, o, out, std::nullopt, xv, lossfuse::GradWrite::in_place);
+            }
+          },
+          reps);
       const double gbs = m.bytes / ms / 1e6;
       const char* fmt = "cross_entropy,%lld,%lld,%s,%s,%.1f,%.0f,%.1f,%.1f\n";
       std::printf(fmt, static_cast<long long>(s.n), static_cast<long long>(s.c), lossfuse::dtype_name(s.dt).data(),
@@ -182,6 +286,7 @@ int main(int argc, char** argv) {
     }
     for (void* p : {x, g, t, loss, lse}) ok(cudaFree(p), "free");
   }
+  if (only.empty()) bench_margin(csv, read_gbs, copy_gbs);
   if (csv) std::fclose(csv);
   return 0;
 }

@@ -16,9 +16,11 @@ namespace lossfuse::torch_binding {
 namespace {
 
 // torch reports a bad class target of these losses as a RuntimeError ("target out of range"), where
-// cross_entropy's is an IndexError: the same exception type here, with lossfuse's message (position and value).
+// cross_entropy's is an IndexError: the same exception type here, with lossfuse's message (position and value). Runs on
+// `on`'s device, as guarded_on.
 template <class F>
-void guarded_runtime(F&& f) {
+void guarded_runtime(const at::Tensor& on, F&& f) {
+  const DeviceCall call(on);
   try {
     std::forward<F>(f)();
   } catch (const Error& e) {
@@ -49,7 +51,7 @@ TripletMarginOptions triplet_options(double margin, double p, double eps, bool s
 at::Tensor triplet_margin_loss(const at::Tensor& anchor, const at::Tensor& positive, const at::Tensor& negative,
                                double margin, double p, double eps, bool swap, std::int64_t red) {
   at::Tensor loss = new_loss(anchor, rows_of(anchor), red);
-  guarded([&] {
+  guarded_on(anchor, [&] {
     triplet_margin_forward(view(anchor, "anchor"), view(positive, "positive"), view(negative, "negative"),
                            triplet_options(margin, p, eps, swap, red), view(loss, "loss"));
   });
@@ -62,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> triplet_margin_loss_backward(
   at::Tensor ga = new_grad(anchor, output_mask[0]);
   at::Tensor gp = new_grad(positive, output_mask[1]);
   at::Tensor gn = new_grad(negative, output_mask[2]);
-  guarded([&] {
+  guarded_on(anchor, [&] {
     triplet_margin_backward(view(anchor, "anchor"), view(positive, "positive"), view(negative, "negative"),
                             view(grad_output, "grad_output"), triplet_options(margin, p, eps, swap, red),
                             grad_view(ga, output_mask[0], "grad_anchor"),
@@ -84,7 +86,7 @@ CosineEmbeddingOptions cosine_options(double margin, std::int64_t red) {
 at::Tensor cosine_embedding_loss(const at::Tensor& input1, const at::Tensor& input2, const at::Tensor& target,
                                  double margin, std::int64_t red) {
   at::Tensor loss = new_loss(input1, rows_of(input1), red);
-  guarded([&] {
+  guarded_on(input1, [&] {
     cosine_embedding_forward(view(input1, "input1"), view(input2, "input2"), view(target, "target"),
                              cosine_options(margin, red), view(loss, "loss"));
   });
@@ -97,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> cosine_embedding_loss_backward(const at::Tens
                                                                   std::int64_t red, std::array<bool, 2> output_mask) {
   at::Tensor g1 = new_grad(input1, output_mask[0]);
   at::Tensor g2 = new_grad(input2, output_mask[1]);
-  guarded([&] {
+  guarded_on(input1, [&] {
     cosine_embedding_backward(view(input1, "input1"), view(input2, "input2"), view(target, "target"),
                               view(grad_output, "grad_output"), cosine_options(margin, red),
                               grad_view(g1, output_mask[0], "grad_input1"),
@@ -122,7 +124,7 @@ MultiMarginOptions multi_margin_options(std::int64_t p, double margin, const std
 at::Tensor multi_margin_loss(const at::Tensor& input, const at::Tensor& target, const std::optional<at::Tensor>& weight,
                              std::int64_t p, double margin, std::int64_t red) {
   at::Tensor loss = new_loss(input, target.sizes(), red);  // the loss rows have the target's shape
-  guarded_runtime([&] {
+  guarded_runtime(input, [&] {
     multi_margin_forward(view(input, "input"), view(target, "target"), multi_margin_options(p, margin, weight, red),
                          view(loss, "loss"));
   });
@@ -133,7 +135,7 @@ at::Tensor multi_margin_loss_backward(const at::Tensor& grad_output, const at::T
                                       const std::optional<at::Tensor>& weight, std::int64_t p, double margin,
                                       std::int64_t red) {
   at::Tensor grad = new_grad(input, true);
-  guarded_runtime([&] {
+  guarded_runtime(input, [&] {
     multi_margin_backward(view(input, "input"), view(target, "target"), view(grad_output, "grad_output"),
                           multi_margin_options(p, margin, weight, red), view(grad, "grad_input"));
   });
@@ -150,7 +152,7 @@ MultilabelMarginOptions multilabel_margin_options(std::int64_t red) {
 
 at::Tensor multilabel_margin_loss(const at::Tensor& input, const at::Tensor& target, std::int64_t red) {
   at::Tensor loss = new_loss(input, rows_of(input), red);
-  guarded_runtime([&] {
+  guarded_runtime(input, [&] {
     multilabel_margin_forward(view(input, "input"), view(target, "target"), multilabel_margin_options(red),
                               view(loss, "loss"));
   });
@@ -160,7 +162,7 @@ at::Tensor multilabel_margin_loss(const at::Tensor& input, const at::Tensor& tar
 at::Tensor multilabel_margin_loss_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                            const at::Tensor& target, std::int64_t red) {
   at::Tensor grad = new_grad(input, true);
-  guarded_runtime([&] {
+  guarded_runtime(input, [&] {
     multilabel_margin_backward(view(input, "input"), view(target, "target"), view(grad_output, "grad_output"),
                                multilabel_margin_options(red), view(grad, "grad_input"));
   });
@@ -179,7 +181,7 @@ MultilabelSoftMarginOptions multilabel_soft_margin_options(const std::optional<a
 at::Tensor multilabel_soft_margin_loss(const at::Tensor& input, const at::Tensor& target,
                                        const std::optional<at::Tensor>& weight, std::int64_t red) {
   at::Tensor loss = new_loss(input, rows_of(input), red);
-  guarded([&] {
+  guarded_on(input, [&] {
     multilabel_soft_margin_forward(view(input, "input"), view(target, "target"),
                                    multilabel_soft_margin_options(weight, red), view(loss, "loss"));
   });
@@ -191,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor> multilabel_soft_margin_loss_backward(
     const std::optional<at::Tensor>& weight, std::int64_t red, std::array<bool, 2> output_mask) {
   at::Tensor gx = new_grad(input, output_mask[0]);
   at::Tensor gt = new_grad(target, output_mask[1]);
-  guarded([&] {
+  guarded_on(input, [&] {
     multilabel_soft_margin_backward(view(input, "input"), view(target, "target"), view(grad_output, "grad_output"),
                                     multilabel_soft_margin_options(weight, red),
                                     grad_view(gx, output_mask[0], "grad_input"),
@@ -230,8 +232,10 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "int reduction, bool[2] output_mask) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
-  using namespace lossfuse::torch_binding;
+namespace lossfuse::torch_binding {
+namespace {
+
+void register_kernels(torch::Library& m) {
   m.impl("triplet_margin_loss", &triplet_margin_loss);
   m.impl("triplet_margin_loss_backward", &triplet_margin_loss_backward);
   m.impl("cosine_embedding_loss", &cosine_embedding_loss);
@@ -243,3 +247,8 @@ TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
   m.impl("multilabel_soft_margin_loss", &multilabel_soft_margin_loss);
   m.impl("multilabel_soft_margin_loss_backward", &multilabel_soft_margin_loss_backward);
 }
+
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+LOSSFUSE_DEVICE_KERNELS(lossfuse::torch_binding::register_kernels)

@@ -1,4 +1,4 @@
-"""lossfuse's CUDA route in PyTorch: cross_entropy, nll_loss and the elementwise losses on CUDA tensors, against
+"""lossfuse's CUDA route in PyTorch: cross_entropy, nll_loss, the elementwise and the margin losses on CUDA tensors, against
 torch computing in float64 on the same (rounded) inputs and against torch's own CUDA kernels; the extras torch lacks
 (z-loss, softcap, logit_scale) against lossfuse's CPU backend in float64. Also: class targets of every integer
 dtype, the (N, C, d1, d2) layout, gradcheck, a bad class index, torch's current stream and caching allocator,
@@ -167,7 +167,11 @@ def test_patch_torch_routes_cuda_losses_with_kernels():
         assert "lossfuse" in F.nll_loss(x, t).grad_fn.name()
         assert "lossfuse" in F.mse_loss(x, x.detach()).grad_fn.name()
         a, b, c = (torch.randn(4, 8, device="cuda", requires_grad=True) for _ in range(3))
-        assert "lossfuse" not in F.triplet_margin_loss(a, b, c).grad_fn.name()  # no CUDA kernels: torch's
+        assert "lossfuse" in F.triplet_margin_loss(a, b, c).grad_fn.name()
+        lp = torch.randn(6, 2, 5, device="cuda").log_softmax(2).requires_grad_()
+        tg = torch.randint(1, 5, (2, 3), device="cuda")
+        lengths = (torch.full((2,), 6), torch.full((2,), 3))
+        assert "lossfuse" not in F.ctc_loss(lp, tg, *lengths).grad_fn.name()  # no CUDA kernels: torch's
     finally:
         lossfuse.unpatch_torch()
 
@@ -231,3 +235,63 @@ def test_elementwise_losses_match_torch(name, reduction, dtype):
     kwargs = {k: (v.to(dtype) if torch.is_tensor(v) else v) for k, v in kwargs.items()}
     kwargs["reduction"] = "batchmean" if name == "kl_div" and reduction == "mean" else reduction
     compare(getattr(LF, name), getattr(F, name), x.to(dtype), second.to(dtype), kwargs, dtype)
+
+
+MARGIN_LOSSES = ["triplet_margin_loss", "cosine_embedding_loss", "multi_margin_loss", "multilabel_margin_loss",
+                 "multilabel_soft_margin_loss"]
+
+
+def _margin_cases(gen, n=33, d=257):
+    """Each margin loss as (f(module, x, **kwargs), kwargs): the loss of `module` (F or LF) as a function of its first
+    input x, the other operands (on CUDA, float32, cast to x's dtype) closed over."""
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    pos, neg, x2, w = r(n, d), r(n, d), r(n, d), r(d).abs() + 0.5
+    signs = torch.rand(n, device="cuda", generator=gen).round() * 2 - 1
+    classes = torch.randint(0, d, (n,), device="cuda", generator=gen)
+    labels = torch.randint(-1, d, (n, d), device="cuda", generator=gen)  # lists of every length up to d
+    soft = torch.rand(n, d, device="cuda", generator=gen)
+    return {
+        "triplet_margin_loss": (lambda f, x, **k: f.triplet_margin_loss(x, pos.to(x.dtype), neg.to(x.dtype), **k),
+                                {"margin": 0.5, "swap": True}),
+        "cosine_embedding_loss": (lambda f, x, **k: f.cosine_embedding_loss(x, x2.to(x.dtype), signs.to(x.dtype), **k),
+                                  {"margin": 0.1}),
+        "multi_margin_loss": (lambda f, x, **k: f.multi_margin_loss(x, classes, weight=w.to(x.dtype), **k),
+                              {"p": 2, "margin": 0.8}),
+        "multilabel_margin_loss": (lambda f, x, **k: f.multilabel_margin_loss(x, labels, **k), {}),
+        "multilabel_soft_margin_loss": (
+            lambda f, x, **k: f.multilabel_soft_margin_loss(x, soft.to(x.dtype), weight=w.to(x.dtype), **k), {}),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("name", MARGIN_LOSSES)
+def test_margin_losses_match_torch(name, reduction, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    fn, kwargs = _margin_cases(gen)[name]
+    x = torch.randn(33, 257, device="cuda", generator=gen).to(dtype)
+    compare(lambda a, _, **k: fn(LF, a, **k), lambda a, _, **k: fn(F, a, **k), x, None,
+            dict(kwargs, reduction=reduction), dtype)
+
+
+@pytest.mark.parametrize("name", MARGIN_LOSSES)
+def test_margin_losses_gradcheck(name):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    fn, kwargs = _margin_cases(gen, n=4, d=6)
+    x = torch.randn(4, 6, device="cuda", dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: fn(LF, a, **kwargs), (x,))
+
+
+@pytest.mark.parametrize("target_dtype", INT_DTYPES, ids=str)
+def test_margin_class_targets_of_every_integer_dtype(target_dtype):
+    x = torch.randn(9, 40, device="cuda", dtype=torch.float64)
+    classes = torch.randint(0, 40, (9,), device="cuda")
+    labels = torch.randint(0, 40, (9, 40), device="cuda")
+    if target_dtype != torch.uint8:  # which cannot hold -1: full label lists
+        labels[:, 5] = -1
+    for f, t in ((LF.multi_margin_loss, classes), (LF.multilabel_margin_loss, labels)):
+        want = f(x, t)
+        torch.testing.assert_close(f(x, t.to(target_dtype)), want, rtol=0, atol=0)
+

@@ -37,11 +37,11 @@ constexpr Family kFamilies[] = {
     {LossKind::gaussian_nll, false, true},
     {LossKind::hinge_embedding, false, true},
     {LossKind::margin_ranking, false, true},
-    {LossKind::triplet_margin, false, false},
-    {LossKind::cosine_embedding, false, false},
-    {LossKind::multi_margin, false, false},
-    {LossKind::multilabel_margin, false, false},
-    {LossKind::multilabel_soft_margin, false, false},
+    {LossKind::triplet_margin, false, true},
+    {LossKind::cosine_embedding, false, true},
+    {LossKind::multi_margin, false, true},
+    {LossKind::multilabel_margin, false, true},
+    {LossKind::multilabel_soft_margin, false, true},
     {LossKind::linear_cross_entropy, true, false},
 };
 

@@ -1,4 +1,4 @@
-// cosine_embedding entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
+// cosine_embedding entries: checks (every one before any write), plain params, the backend's kernel, the reduction.
 #include "core/backend.hpp"
 #include "core/margin_problem.hpp"
 #include "lossfuse/margin.hpp"
@@ -11,11 +11,11 @@ void run(bool backward, const TensorView& x1, const TensorView& x2, const Tensor
          const std::optional<TensorView>& g1, const std::optional<TensorView>& g2) {
   const core::Backend& be = core::backend_for(x1, "x1");
   core::check_reduction(o.reduction);
-  core::check_view(x1, "x1");
+  core::check_view(x1, "x1", x1.device);
   core::check_floating(x1, "x1");
   core::check_input_ndim(x1, "x1", 1, 2, "shape (N, D) or (D)");
   core::check_same_as(x2, "x2", x1);
-  core::check_view(target, "target");
+  core::check_view(target, "target", x1.device);
   if (is_floating(target.dtype) && target.dtype != x1.dtype) {
     throw Error(ErrorCode::dtype_mismatch, "target",
                 "an integer dtype or the inputs' dtype " + std::string(dtype_name(x1.dtype)),

@@ -15,9 +15,12 @@
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/row_index.hpp"
+#include "core/targets.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
+#include "math/half.hpp"
+#include "math/host_device.hpp"
 
 namespace lossfuse::core {
 
@@ -46,6 +49,25 @@ struct MarginParams {
   bool swap = false;
 };
 
+// The upstream gradient of row r, in every backend's kernel: grad_loss[r] for 'none' (1 when absent), else the scale
+// (1/rows folded in for 'mean').
+template <class Acc>
+LF_HOST_DEVICE Acc margin_upstream(const MarginParams& p, std::int64_t r) {
+  if (p.grad_loss != nullptr) return static_cast<const Acc*>(p.grad_loss)[p.index.offset(kMvGradLoss, r)];
+  return static_cast<Acc>(p.grad_scale);
+}
+
+// A target value of any dtype (cosine_embedding's float or integer target) at element offset i, widened to double.
+LF_HOST_DEVICE double margin_read_float(const void* base, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[i];
+    case DType::f64: return static_cast<const double*>(base)[i];
+    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    default: return static_cast<double>(read_target(base, t, i));
+  }
+}
+
 // Row dims of t (all dims when !has_last, else all but the last) into view v; the last dim's stride to inner.
 inline void set_margin_view(MarginParams& p, int v, const TensorView& t, bool has_last) {
   const int nd = has_last ? t.ndim - 1 : t.ndim;
@@ -68,18 +90,18 @@ inline void set_margin_rows(MarginParams& p, const TensorView& x0) {
 }
 
 // The loss output: Acc dtype, contiguous, row shape for 'none' else one element.
-inline void check_margin_loss(const TensorView& loss, DType acc, Reduction r, const std::int64_t* row_shape,
+inline void check_margin_loss(const TensorView& loss, Device dev, DType acc, Reduction r, const std::int64_t* row_shape,
                               int row_ndim) {
-  check_view(loss, "loss");
+  check_view(loss, "loss", dev);
   check_dtype(loss, "loss", acc);
   check_reduced_shape(loss, "loss", r, row_shape, row_ndim);
   check_contiguous(loss, "loss");
 }
 
-inline void check_margin_grad_loss(const std::optional<TensorView>& grad_loss, DType acc, Reduction r,
+inline void check_margin_grad_loss(const std::optional<TensorView>& grad_loss, Device dev, DType acc, Reduction r,
                                    const std::int64_t* row_shape, int row_ndim) {
   if (!grad_loss) return;
-  check_view(*grad_loss, "grad_loss");
+  check_view(*grad_loss, "grad_loss", dev);
   check_dtype(*grad_loss, "grad_loss", acc);
   check_reduced_shape(*grad_loss, "grad_loss", r, row_shape, row_ndim);
 }
@@ -102,15 +124,15 @@ inline void check_margin_outputs(bool backward, DType acc, Reduction r, const st
                                  std::vector<NamedView> read) {
   std::vector<NamedView> written;
   if (loss != nullptr) {
-    check_margin_loss(*loss, acc, r, row_shape, row_ndim);
+    check_margin_loss(*loss, like.device, acc, r, row_shape, row_ndim);
     written.push_back({"loss", loss});
   }
   if (backward) {
-    check_margin_grad_loss(grad_loss, acc, r, row_shape, row_ndim);
+    check_margin_grad_loss(grad_loss, like.device, acc, r, row_shape, row_ndim);
     if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
     for (const MarginGrad& g : grads) {
       if (g.view == nullptr) continue;
-      check_view(*g.view, g.name);
+      check_view(*g.view, g.name, like.device);
       check_dtype(*g.view, g.name, like.dtype);
       check_shape(*g.view, g.name, like.shape.data(), like.ndim);
       written.push_back({g.name, g.view});
@@ -119,9 +141,9 @@ inline void check_margin_outputs(bool backward, DType acc, Reduction r, const st
   check_disjoint(written, read);
 }
 
-// A floating input with the dtype and shape of `ref` (named ref_name in the message).
+// A floating input with the device, dtype and shape of `ref`.
 inline void check_same_as(const TensorView& t, std::string_view name, const TensorView& ref) {
-  check_view(t, name);
+  check_view(t, name, ref.device);
   check_floating(t, name);
   check_dtype(t, name, ref.dtype);
   check_shape(t, name, ref.shape.data(), ref.ndim);
@@ -146,11 +168,7 @@ inline void set_margin_grad_scale(MarginParams& p, Reduction r, const std::optio
     }
     return;
   }
-  p.grad_scale = 1.0;
-  if (grad_loss) {
-    p.grad_scale = grad_loss->dtype == DType::f64 ? *static_cast<const double*>(grad_loss->data)
-                                                  : static_cast<double>(*static_cast<const float*>(grad_loss->data));
-  }
+  p.grad_scale = grad_loss ? read_scalar(*grad_loss) : 1.0;
   // 'mean' over no rows: the scale is inf but no gradient element exists.
   if (r == Reduction::mean) p.grad_scale /= static_cast<double>(p.rows);
 }

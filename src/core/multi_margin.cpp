@@ -1,5 +1,5 @@
-// multi_margin entries: checks (every one before any write, targets scanned first), plain params, the CPU
-// kernel, the reduction.
+// multi_margin entries: checks (every one before any write, targets scanned first), plain params, the
+// backend's kernel, the reduction.
 #include <utility>
 
 #include "core/backend.hpp"
@@ -15,7 +15,7 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
   const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C, input.device);
   const DType acc = accumulate_dtype(input.dtype);
   std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
@@ -29,8 +29,9 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
   core::set_margin_view(p, core::kMvX0, input, true);
   if (input.ndim == 2) core::set_margin_view(p, core::kMvTarget, target, false);
+  const core::HostCopy host_target(target);  // the target itself on the CPU
   for (std::int64_t r = 0; r < p.rows; ++r) {
-    const std::int64_t t = core::read_target(target.data, target.dtype, p.index.offset(core::kMvTarget, r));
+    const std::int64_t t = core::read_target(host_target.view().data, target.dtype, p.index.offset(core::kMvTarget, r));
     if (t < 0 || t >= C) {
       throw Error(ErrorCode::index_error, "target", "a class index in [0, " + std::to_string(C) + ")",
                   std::to_string(t) + " at position [" + std::to_string(r) + "]");
@@ -52,14 +53,14 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
 void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
               const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
   core::check_reduction(o.reduction);
-  core::check_view(input, "input");
+  core::check_view(input, "input", input.device);
   core::check_floating(input, "input");
   core::check_input_ndim(input, "input", 1, 2, "shape (N, C) or (C)");
   if (input.shape[input.ndim - 1] < 1) {
     throw Error(ErrorCode::shape_mismatch, "input", "at least one class in the last dim",
                 "shape " + input.shape_string());
   }
-  core::check_view(target, "target");
+  core::check_view(target, "target", input.device);
   if (!is_integer(target.dtype)) {
     throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
                 std::string(dtype_name(target.dtype)));

@@ -1,5 +1,5 @@
 // multilabel_margin entries: checks (every one before any write, every target value scanned first), plain
-// params, the CPU kernel, the reduction.
+// params, the backend's kernel, the reduction.
 #include <algorithm>
 #include <atomic>
 
@@ -47,7 +47,7 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
   const core::Backend& be = core::backend_for(input, "input");
   core::check_reduction(o.reduction);
-  core::check_view(input, "input");
+  core::check_view(input, "input", input.device);
   core::check_floating(input, "input");
   core::check_input_ndim(input, "input", 1, 2, "shape (N, C) or (C)");
   const std::int64_t C = input.shape[input.ndim - 1];
@@ -55,7 +55,7 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
     throw Error(ErrorCode::shape_mismatch, "input", "at least one class in the last dim",
                 "shape " + input.shape_string());
   }
-  core::check_view(target, "target");
+  core::check_view(target, "target", input.device);
   if (!is_integer(target.dtype)) {
     throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
                 std::string(dtype_name(target.dtype)));
@@ -73,12 +73,16 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   core::set_margin_view(p, core::kMvX0, input, true);
   core::set_margin_view(p, core::kMvTarget, target, true);
   // torch checks every value, also past the terminating -1: all must lie in [-1, C). Rows are tested over
-  // threads in typed, branch-free loops; only when one fails is the first bad value looked up, in row order.
-  if (!targets_in_range(p, target.dtype, C)) {
+  // threads in typed, branch-free loops (on a host copy of a device target); only when one fails is the first bad
+  // value looked up, in row order.
+  const core::HostCopy host_target(target);
+  core::MarginParams scan = p;
+  scan.target = host_target.view().data;
+  if (!targets_in_range(scan, target.dtype, C)) {
     for (std::int64_t r = 0; r < p.rows; ++r) {
       const std::int64_t off = p.index.offset(core::kMvTarget, r);
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t t = core::read_target(target.data, target.dtype, off + c * p.inner[core::kMvTarget]);
+        const std::int64_t t = core::read_target(scan.target, target.dtype, off + c * p.inner[core::kMvTarget]);
         if (t < -1 || t >= C) {
           const std::string pos = input.ndim == 2 ? std::to_string(r) + ", " + std::to_string(c) : std::to_string(c);
           throw Error(ErrorCode::index_error, "target",

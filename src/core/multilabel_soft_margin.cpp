@@ -1,5 +1,5 @@
-// multilabel_soft_margin entries: checks (every one before any write), plain params, the CPU kernel, the
-// reduction.
+// multilabel_soft_margin entries: checks (every one before any write), plain params, the backend's
+// kernel, the reduction.
 #include <utility>
 
 #include "core/backend.hpp"
@@ -15,7 +15,7 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
          const std::optional<TensorView>& gt) {
   const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C);
+  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C, input.device);
   const DType acc = accumulate_dtype(input.dtype);
   const int row_ndim = input.ndim - 1;
   std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
@@ -45,10 +45,10 @@ void dispatch(bool backward, const TensorView& input, const TensorView& target, 
               const TensorView* loss, const std::optional<TensorView>& grad_loss, const std::optional<TensorView>& gx,
               const std::optional<TensorView>& gt) {
   core::check_reduction(o.reduction);
-  core::check_view(input, "input");
+  core::check_view(input, "input", input.device);
   core::check_floating(input, "input");
   core::check_input_ndim(input, "input", 1, kMaxDims, "shape (..., C) with at least one dim");
-  core::check_view(target, "target");
+  core::check_view(target, "target", input.device);
   core::check_dtype(target, "target", input.dtype);
   core::check_shape(target, "target", input.shape.data(), input.ndim);
   if (accumulate_dtype(input.dtype) == DType::f64) {

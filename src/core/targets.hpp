@@ -10,10 +10,12 @@
 #include "core/row_index.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
+#include "math/host_device.hpp"
 
 namespace lossfuse::core {
 
-inline std::int64_t read_target(const void* base, DType dtype, std::int64_t offset) noexcept {
+// Element `offset` of an integer target of any dtype, in every backend's kernels (0 for a non-integer dtype).
+LF_HOST_DEVICE std::int64_t read_target(const void* base, DType dtype, std::int64_t offset) noexcept {
   switch (dtype) {
     case DType::u8: return static_cast<const std::uint8_t*>(base)[offset];
     case DType::i8: return static_cast<const std::int8_t*>(base)[offset];

@@ -1,4 +1,4 @@
-// triplet_margin entries: checks (every one before any write), plain params, the CPU kernel, the reduction.
+// triplet_margin entries: checks (every one before any write), plain params, the backend's kernel, the reduction.
 #include <cmath>
 
 #include "core/backend.hpp"
@@ -13,7 +13,7 @@ void run(bool backward, const TensorView& a, const TensorView& pos, const Tensor
          const std::optional<TensorView>* grads) {
   const core::Backend& be = core::backend_for(a, "anchor");
   core::check_reduction(o.reduction);
-  core::check_view(a, "anchor");
+  core::check_view(a, "anchor", a.device);
   core::check_floating(a, "anchor");
   core::check_input_ndim(a, "anchor", 1, kMaxDims, "shape (..., D) with at least one dim");
   core::check_same_as(pos, "positive", a);

@@ -42,7 +42,7 @@ MarginAcc<T> CosineRow(const core::MarginParams& p, std::int64_t r) {
   using V = hn::Vec<decltype(d)>;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t vec_end = contiguous ? D - D % N : 0;
-  const double y = margin::read_float(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
+  const double y = core::margin_read_float(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
   const Acc margin_ = static_cast<Acc>(p.margin);
 
   V v12 = hn::Zero(d), v11 = hn::Zero(d), v22 = hn::Zero(d);
@@ -67,7 +67,7 @@ MarginAcc<T> CosineRow(const core::MarginParams& p, std::int64_t r) {
   const math::CosineRow<Acc> cr = math::cosine_row(s12, s11, s22);
   if (!p.backward) return math::cosine_loss(cr.cos, margin_, y);
 
-  const Acc k = math::cosine_dloss_dcos(cr.cos, margin_, y) * margin::upstream<Acc>(p, r);
+  const Acc k = math::cosine_dloss_dcos(cr.cos, margin_, y) * core::margin_upstream<Acc>(p, r);
   const Acc ka = k * cr.inv_den, kb1 = k * cr.cos_m1, kb2 = k * cr.cos_m2;
   // grad = ka * other - kb * self
   auto grad = [&](T* g, std::int64_t sg, const T* self, std::int64_t ss, const T* other, std::int64_t so, Acc kb) {

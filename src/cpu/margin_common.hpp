@@ -1,6 +1,5 @@
-// Shared pieces of the CPU margin-loss kernels (src/cpu/{triplet_margin,cosine_embedding,multi_margin,
-// multilabel_margin,multilabel_soft_margin}.cpp): a float target of any dtype widened to double, the upstream
-// gradient of a row, and the block driver that splits rows over threads in fixed blocks and writes per-row
+// The block driver of the CPU margin-loss kernels (src/cpu/{triplet_margin,cosine_embedding,multi_margin,
+// multilabel_margin,multilabel_soft_margin}.cpp): it splits rows over threads in fixed blocks and writes per-row
 // losses or per-block partial sums (double), so reductions are deterministic for any thread count.
 #pragma once
 
@@ -8,29 +7,9 @@
 #include <cstdint>
 
 #include "core/margin_problem.hpp"
-#include "core/targets.hpp"
 #include "lossfuse/parallel.hpp"
-#include "math/half.hpp"
 
 namespace lossfuse::cpu::margin {
-
-// A floating value of any float dtype at element offset i, widened to double.
-inline double read_float(const void* base, DType t, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f64: return static_cast<const double*>(base)[i];
-    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    default: return static_cast<double>(core::read_target(base, t, i));
-  }
-}
-
-// The upstream gradient of row r: grad_loss[r] for 'none' (1 when absent), else the scale (1/rows folded in).
-template <class Acc>
-inline Acc upstream(const core::MarginParams& p, std::int64_t r) {
-  if (p.grad_loss != nullptr) return static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kMvGradLoss, r)];
-  return static_cast<Acc>(p.grad_scale);
-}
 
 // Rows of blocks [b0, b1): row(r) -> Acc loss. Forward: stores the row loss (p.loss_rows) or adds it to its
 // block's partial (p.block_loss, double, row order). Backward: the row writes its gradients and its return

@@ -69,7 +69,7 @@ MarginAcc<T> MultiMarginRow(const core::MarginParams& p, std::int64_t r) {
     return sum / static_cast<Acc>(C);
   }
 
-  const Acc coef = margin::upstream<Acc>(p, r) * w_y / static_cast<Acc>(C);
+  const Acc coef = core::margin_upstream<Acc>(p, r) * w_y / static_cast<Acc>(C);
   T* g = static_cast<T*>(p.grad[0]) + p.index.offset(core::kMvG0, r);
   const V vcoef = hn::Set(d, coef), two_coef = hn::Set(d, Acc(2) * coef);
   V part = zero;

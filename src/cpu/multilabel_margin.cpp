@@ -97,7 +97,7 @@ MarginAcc<T> MultilabelRow(const core::MarginParams& p, std::int64_t r) {
     }
     cnt[j] -= hn::GetLane(hn::SumOfLanes(d, part));
   }
-  const Acc gc = margin::upstream<Acc>(p, r) / static_cast<Acc>(C);
+  const Acc gc = core::margin_upstream<Acc>(p, r) / static_cast<Acc>(C);
   T* go = static_cast<T*>(p.grad[0]) + p.index.offset(core::kMvG0, r);
   const std::int64_t sg = p.inner[core::kMvG0];
   std::int64_t c = 0;

@@ -76,7 +76,7 @@ MarginAcc<T> SoftRow(const core::MarginParams& p, std::int64_t r) {
     return sum / static_cast<Acc>(C);  // C = 0: 0/0 = nan, as torch's sum / C
   }
 
-  const Acc k = margin::upstream<Acc>(p, r) / static_cast<Acc>(C);
+  const Acc k = core::margin_upstream<Acc>(p, r) / static_cast<Acc>(C);
   const V kv = hn::Set(d, k);
   for (std::int64_t c = 0; c < vec_end; c += N) {
     const V xv = LoadAcc(d, x + c);

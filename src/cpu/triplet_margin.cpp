@@ -109,7 +109,7 @@ MarginAcc<T> TripletRow(const core::MarginParams& p, std::int64_t r) {
   if (!p.backward) return loss;
 
   const Acc z = margin_ + d_ap - d_neg;
-  const Acc k = z > Acc(0) ? margin::upstream<Acc>(p, r) : Acc(0);  // clamp_min passes the gradient where z > 0
+  const Acc k = z > Acc(0) ? core::margin_upstream<Acc>(p, r) : Acc(0);  // clamp_min passes the gradient where z > 0
   const math::SwapWeights<Acc> sw = math::triplet_swap_weights(swap, d_an, d_pn);
   const Acc k_an = k * sw.an, k_pn = k * sw.pn;
   // p = inf: the gradient of a max is shared by every element attaining it (and NaNs), as in torch.

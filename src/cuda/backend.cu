@@ -1,13 +1,13 @@
-// The CUDA backend's table: cross-entropy and NLL, and the eleven elementwise losses (src/cuda/kernels.hpp). The
-// other families have no CUDA kernels yet: core refuses their CUDA operands at check_view (not_implemented, naming
-// the argument), and their slots here throw the same error should a caller reach them. The elementwise losses' value
-// checks scan host copies (core), so value_scan is never given device memory.
-#include "core/backend.hpp"
-
+// The CUDA backend's table: cross-entropy and NLL, the eleven elementwise losses and the five margin losses
+// (src/cuda/kernels.hpp), and the block sums their reduced forwards share. CTC and the fused linear loss have no CUDA
+// kernels yet: core refuses their CUDA operands at check_view (not_implemented, naming the argument), and their slots
+// here throw the same error should a caller reach them. The elementwise losses' value checks scan host copies (core),
+// so value_scan is never given device memory.
 #include <cstdint>
 #include <mutex>
 #include <string>
 
+#include "core/backend.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 
@@ -37,6 +37,32 @@ cudaMemPool_t scratch_pool() {
   return pools[dev];
 }
 
+namespace {
+
+__global__ void block_sums_kernel(const double* rows, std::int64_t n, std::int64_t per_block, std::int64_t blocks,
+                                  double* out) {
+  const std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  double s = 0;
+  const std::int64_t end = n < (b + 1) * per_block ? n : (b + 1) * per_block;
+  for (std::int64_t r = b * per_block; r < end; ++r) s += rows[r];
+  out[b] = s;
+}
+
+}  // namespace
+
+void finish_blocks(const double* rows_dev, std::int64_t rows, std::int64_t per_block, double* host_blocks) {
+  const std::int64_t blocks = (rows + per_block - 1) / per_block;
+  if (blocks == 0) return;
+  const Scratch<double> out(static_cast<std::size_t>(blocks));
+  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream()>>>(rows_dev, rows, per_block,
+                                                                                       blocks, out.get());
+  check(cudaGetLastError(), "block_sums_kernel");
+  check(cudaMemcpyAsync(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
+                        cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync (loss blocks)");
+}
+
 }  // namespace lossfuse::cuda
 
 namespace lossfuse::core {
@@ -59,7 +85,8 @@ void from_host(void* dst, const void* host, std::size_t bytes) {
 template <class Params>
 void not_on_cuda(const Params&) {
   throw Error(ErrorCode::not_implemented, "device",
-              "a loss family with CUDA kernels (cross_entropy, nll, the elementwise losses)", "another family on cuda");
+              "a loss family with CUDA kernels (cross_entropy, nll, the elementwise and margin losses)",
+              "another family on cuda");
 }
 
 bool value_scan_not_on_cuda(DType, const void*, std::int64_t, ValueScan) {
@@ -78,11 +105,11 @@ const Backend* cuda_backend() noexcept {
       cuda::pointwise_run,
       value_scan_not_on_cuda,
       not_on_cuda<CtcParams>,
-      not_on_cuda<MarginParams>,
-      not_on_cuda<MarginParams>,
-      not_on_cuda<MarginParams>,
-      not_on_cuda<MarginParams>,
-      not_on_cuda<MarginParams>,
+      cuda::triplet_margin_rows,
+      cuda::cosine_embedding_rows,
+      cuda::multi_margin_rows,
+      cuda::multilabel_margin_rows,
+      cuda::multilabel_soft_margin_rows,
       not_on_cuda<LceParams>,
   };
   return &kCuda;

@@ -468,16 +468,6 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
   }
 }
 
-// Sums each block of rows_per_block row values in row order (the CPU backend's order) into out[block].
-__global__ void block_sums_kernel(const double* rows, int64_t n, int64_t per_block, int64_t blocks, double* out) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= blocks) return;
-  double s = 0;
-  const int64_t end = min_i64(n, (b + 1) * per_block);
-  for (int64_t r = b * per_block; r < end; ++r) s += rows[r];
-  out[b] = s;
-}
-
 // ---- NLL ------------------------------------------------------------------------------------------------------
 
 template <class T>
@@ -545,24 +535,7 @@ std::vector<Operand> operands(const CeParams& p, const char* first) {
 // Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
 template <class Acc>
 const Acc* upload_weights(const CeParams& p, const Scratch<Acc>& buf) {
-  if (p.weight == nullptr) return nullptr;
-  check(cudaMemcpyAsync(buf.get(), p.weight, static_cast<std::size_t>(p.classes) * sizeof(Acc),
-                        cudaMemcpyHostToDevice, stream()),
-        "cudaMemcpyAsync (class weights)");
-  return buf.get();
-}
-
-// mean / sum: the per-row values summed per block of rows, copied into the host's block array.
-void finish_blocks(const double* rows_dev, int64_t rows, int64_t per_block, double* host_blocks) {
-  const int64_t blocks = (rows + per_block - 1) / per_block;
-  if (blocks == 0) return;
-  const Scratch<double> out(static_cast<std::size_t>(blocks));
-  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream()>>>(rows_dev, rows, per_block,
-                                                                                       blocks, out.get());
-  check_launch("block_sums_kernel");
-  check(cudaMemcpyAsync(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
-                        cudaMemcpyDeviceToHost, stream()),
-        "cudaMemcpyAsync (loss blocks)");  // complete once the entry synchronises the stream
+  return upload(static_cast<const Acc*>(p.weight), static_cast<std::size_t>(p.classes), buf);
 }
 
 // The runtime flags as template arguments: soft targets imply the sums.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/cross_entropy_params.hpp"
+#include "core/margin_problem.hpp"
 #include "core/pointwise_params.hpp"
 
 namespace lossfuse::cuda {
@@ -13,5 +14,11 @@ namespace lossfuse::cuda {
 void cross_entropy_rows(const core::CeParams& p);  // src/cuda/cross_entropy.cu
 void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu
 void pointwise_run(const core::PwParams& p);       // src/cuda/pointwise.cu
+// src/cuda/margin.cu
+void triplet_margin_rows(const core::MarginParams& p);
+void cosine_embedding_rows(const core::MarginParams& p);
+void multi_margin_rows(const core::MarginParams& p);
+void multilabel_margin_rows(const core::MarginParams& p);
+void multilabel_soft_margin_rows(const core::MarginParams& p);
 
 }  // namespace lossfuse::cuda

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,22 +39,26 @@ inline int device_of(const void* ptr, const char* name) {
 // A call's device operand: its data (nullptr: absent) and its argument name.
 using Operand = std::pair<const void*, const char*>;
 
-// Makes the first operand's device current for the call (restored after), once every other operand present is found
-// there: TensorView names the device kind, not its index.
+// Makes the first present operand's device current for the call (restored after), once every other operand present
+// is found there: TensorView names the device kind, not its index. With no operand present (views of no element), the
+// current device stays.
 class DeviceScope {
  public:
   explicit DeviceScope(const std::vector<Operand>& operands) {
-    dev_ = device_of(operands.front().first, operands.front().second);
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    dev_ = prev_;
+    const char* first = nullptr;
     for (const auto& [ptr, name] : operands) {
       if (ptr == nullptr) continue;
       const int d = device_of(ptr, name);
-      if (d != dev_) {
+      if (first == nullptr) {
+        dev_ = d, first = name;
+      } else if (d != dev_) {
         throw Error(ErrorCode::invalid_value, name,
-                    "memory on CUDA device " + std::to_string(dev_) + " (that of " + operands.front().second + ")",
+                    "memory on CUDA device " + std::to_string(dev_) + " (that of " + first + ")",
                     "memory on CUDA device " + std::to_string(d));
       }
     }
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
     if (prev_ != dev_) check(cudaSetDevice(dev_), "cudaSetDevice");
   }
   DeviceScope(const DeviceScope&) = delete;
@@ -110,5 +115,20 @@ class Scratch {
   CudaAllocator allocator_;
   T* ptr_ = nullptr;
 };
+
+// n host values into `buf` (n or more elements) on the calling thread's stream; returns buf's pointer, or nullptr
+// when `host` is. The host array must outlive the call's synchronisation (core's weight vectors do).
+template <class T>
+const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
+  if (host == nullptr) return nullptr;
+  check(cudaMemcpyAsync(buf.get(), host, n * sizeof(T), cudaMemcpyHostToDevice, stream()),
+        "cudaMemcpyAsync (to device)");
+  return buf.get();
+}
+
+// 'mean' / 'sum': rows_dev's `rows` per-row values summed per block of per_block rows in row order (the CPU
+// backend's order), copied into the host array host_blocks; complete once the entry synchronises the stream.
+void finish_blocks(const double* rows_dev, std::int64_t rows, std::int64_t per_block,
+                   double* host_blocks);  // backend.cu
 
 }  // namespace lossfuse::cuda

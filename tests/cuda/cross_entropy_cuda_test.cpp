@@ -15,7 +15,7 @@
 #include "cpu/ce_specs.hpp"
 #include "cpu/nll_harness.hpp"
 #include "cuda/cuda_memory.hpp"
-#include "lossfuse/margin.hpp"
+#include "lossfuse/ctc.hpp"
 
 namespace lftest {
 namespace {
@@ -79,7 +79,7 @@ TEST(CrossEntropyCudaErrors, BadTargetNamesPositionAndWritesNothing) {
   }
 }
 
-// Every operand must live on the logits' device; the margin losses have no CUDA kernels yet.
+// Every operand must live on the logits' device; CTC has no CUDA kernels yet.
 TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
   Problem p = build(base_spec(DType::f32, DType::i64));
   Fwd f = make_outputs(p, false, false);
@@ -97,12 +97,13 @@ TEST(CrossEntropyCudaErrors, MixedDevicesAndFamiliesWithoutKernels) {
   } catch (const lossfuse::Error& e) {
     EXPECT_EQ(e.argument(), "loss");
   }
-  Tensor x2 = p.logits, x3 = p.logits;
+  const TensorView lengths = m(p.target);
   try {
-    lossfuse::triplet_margin_forward(m(p.logits), m(x2), m(x3), {}, m(f.loss));
-    ADD_FAILURE() << "a margin loss ran on CUDA tensors";
+    lossfuse::ctc_forward(logits, lengths, lengths, lengths, {}, {m(f.loss), std::nullopt, std::nullopt});
+    ADD_FAILURE() << "CTC ran on CUDA tensors";
   } catch (const lossfuse::Error& e) {
     EXPECT_EQ(e.code(), lossfuse::ErrorCode::not_implemented) << e.what();
+    EXPECT_EQ(e.argument(), "log_probs");
   }
 }
 
