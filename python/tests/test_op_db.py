@@ -1,10 +1,11 @@
 """Every sample and error input PyTorch's own OpInfo database (torch.testing._internal.common_methods_invocations)
-holds for the losses lossfuse covers: lossfuse must give torch's values and gradients, and raise the same
-exception types on torch's error inputs."""
+holds for the losses lossfuse covers: lossfuse must give torch's values and gradients (on the CPU, and on CUDA for the
+losses with CUDA kernels where a device is there), and raise the same exception types on torch's error inputs."""
 
 import pytest
 import torch
 
+import lossfuse
 import lossfuse.nn.functional as LF
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
@@ -36,15 +37,22 @@ def test_the_database_covers_lossfuse():
     assert len(OPS) >= 19, sorted(_id(op) for op in OPS)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("op", OPS, ids=_id)
-def test_sample_inputs_match_torch(op, dtype):
-    if dtype not in op.supported_dtypes("cpu"):
+def test_sample_inputs_match_torch(op, dtype, device):
+    name = op.name[len("nn.functional."):]
+    if device == "cuda":
+        if not (torch.cuda.is_available() and torch.ops.lossfuse._has_cuda()):
+            pytest.skip("needs a CUDA device and lossfuse built with its CUDA route")
+        if "cuda" not in lossfuse._patch.devices(name):
+            pytest.skip("lossfuse has no CUDA kernels for this loss")
+    if dtype not in op.supported_dtypes(device):
         pytest.skip(f"torch itself does not support {dtype} here")
-    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    ours_fn = getattr(LF, name)
     rtol, atol = TOL[dtype]
     checked = 0
-    for sample in op.sample_inputs("cpu", dtype, requires_grad=dtype in (torch.float64, torch.float32)):
+    for sample in op.sample_inputs(device, dtype, requires_grad=dtype in (torch.float64, torch.float32)):
         x, args, kwargs = _clone(sample)
         try:
             # torch's chunked linear CE (`options`) trades accuracy for memory; its plain form is the reference

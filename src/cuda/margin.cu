@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(kThreads) multi_margin_kernel(const MarginArgs
 // A row's labels are its targets before the first -1; mask marks them (a bit per class). Per non-label element i,
 // the pairs z_ji = (1 - x_j) + x_i over the labels j (duplicates again): the loss sums the positive ones, the gradient
 // counts them; a label class c counts, negated, its pairs with every non-label element, once per time it is listed.
+// O(labels x classes) per row, spread over the group's threads.
 template <class T, int G>
 __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const MarginArgs a) {
   using Acc = math::AccOf<T>;
@@ -341,19 +342,23 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
       put_loss<G>(a, r, sum[0] / static_cast<Acc>(C));
     } else {
       const Acc gc = core::margin_upstream<Acc>(p, r) / static_cast<Acc>(C);
-      for (int64_t i = Gr::lane(); i < C; i += G) {
+      for (int64_t i = Gr::lane(); i < C; i += G) {  // a non-label element: its pairs with every listing
+        if (is_label(i)) continue;
+        const Acc xi = ld<T>(p.x[0], x(i));
         int64_t count = 0;
-        if (!is_label(i)) {
-          const Acc xi = ld<T>(p.x[0], x(i));
-          for (int64_t k = 0; k < L; ++k) count += (Acc(1) - ld<T>(p.x[0], x(target(k)))) + xi > Acc(0) ? 1 : 0;
-        } else {
-          int64_t times = 0, pairs = 0;
-          for (int64_t k = 0; k < L; ++k) times += target(k) == i ? 1 : 0;
-          const Acc base = Acc(1) - ld<T>(p.x[0], x(i));
-          for (int64_t q = 0; q < C; ++q) pairs += !is_label(q) && base + ld<T>(p.x[0], x(q)) > Acc(0) ? 1 : 0;
-          count = -times * pairs;
-        }
+        for (int64_t k = 0; k < L; ++k) count += (Acc(1) - ld<T>(p.x[0], x(target(k)))) + xi > Acc(0) ? 1 : 0;
         st<T>(p.grad[0], g(i), static_cast<Acc>(count) * gc);
+      }
+      // a label class: -(times listed) x (its pairs with the non-labels), counted by the group at each listing (a
+      // repeated label writes the same value again, from the same thread)
+      for (int64_t k = 0; k < L; ++k) {
+        const int64_t c = target(k);
+        const Acc base = Acc(1) - ld<T>(p.x[0], x(c));
+        int64_t n[2] = {0, 0};  // pairs, listings
+        for (int64_t q = Gr::lane(); q < C; q += G) n[0] += !is_label(q) && base + ld<T>(p.x[0], x(q)) > Acc(0) ? 1 : 0;
+        for (int64_t q = Gr::lane(); q < L; q += G) n[1] += target(q) == c ? 1 : 0;
+        group_reduce<G>(n, Sum{});
+        if (Gr::lane() == 0) st<T>(p.grad[0], g(c), static_cast<Acc>(-n[1] * n[0]) * gc);
       }
     }
     Gr::sync();  // every read of the mask is done before the next row clears it
