@@ -52,6 +52,7 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
 
 void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
               const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
+  core::backend_for(input, "input");  // a device this build has no kernels for is refused before any check
   core::check_reduction(o.reduction);
   core::check_view(input, "input", input.device);
   core::check_floating(input, "input");
