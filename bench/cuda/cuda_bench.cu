@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lossfuse/cross_entropy.hpp"
@@ -78,6 +79,18 @@ double median_ms(F&& f, int reps) {
   ok(cudaEventDestroy(a), "event");
   ok(cudaEventDestroy(b), "event");
   return t[t.size() / 2];
+}
+
+// One result row, to stdout and (when open) the CSV: time per call, bytes moved, GB/s and % of the probe's GB/s.
+void emit_row(FILE* csv, std::string_view loss, std::int64_t rows, std::int64_t cols, DType dt, const char* mode,
+              double ms, double bytes, double probe_gbs) {
+  const double gbs = bytes / ms / 1e6;
+  for (FILE* f : {stdout, csv}) {
+    if (f == nullptr) continue;
+    std::fprintf(f, "%.*s,%lld,%lld,%s,%s,%.1f,%.0f,%.1f,%.1f\n", static_cast<int>(loss.size()), loss.data(),
+                 static_cast<long long>(rows), static_cast<long long>(cols), lossfuse::dtype_name(dt).data(), mode,
+                 ms * 1e3, bytes, gbs, 100.0 * gbs / probe_gbs);
+  }
 }
 
 TensorView view2(void* p, DType dt, std::int64_t n, std::int64_t c) {
@@ -167,16 +180,8 @@ void bench_margin(FILE* csv, double read_gbs, double copy_gbs) {
               }
             },
             30);
-        const double gbs = bytes / ms / 1e6;
-        const char* fmt = "%s,%lld,%lld,%s,%s,%.1f,%.0f,%.1f,%.1f\n";
         const char* mode = backward ? "backward" : "forward";
-        const std::string name(lossfuse::loss_kind_name(c.kind));
-        std::printf(fmt, name.c_str(), static_cast<long long>(n), static_cast<long long>(d),
-                    lossfuse::dtype_name(dt).data(), mode, ms * 1e3, bytes, gbs, 100.0 * gbs / probe);
-        if (csv) {
-          std::fprintf(csv, fmt, name.c_str(), static_cast<long long>(n), static_cast<long long>(d),
-                       lossfuse::dtype_name(dt).data(), mode, ms * 1e3, bytes, gbs, 100.0 * gbs / probe);
-        }
+        emit_row(csv, lossfuse::loss_kind_name(c.kind), n, d, dt, mode, ms, bytes, probe);
       }
     }
     for (void* p : buf) ok(cudaFree(p), "free");
@@ -275,14 +280,7 @@ int main(int argc, char** argv) {
             }
           },
           reps);
-      const double gbs = m.bytes / ms / 1e6;
-      const char* fmt = "cross_entropy,%lld,%lld,%s,%s,%.1f,%.0f,%.1f,%.1f\n";
-      std::printf(fmt, static_cast<long long>(s.n), static_cast<long long>(s.c), lossfuse::dtype_name(s.dt).data(),
-                  m.name, ms * 1e3, m.bytes, gbs, 100.0 * gbs / m.probe);
-      if (csv) {
-        std::fprintf(csv, fmt, static_cast<long long>(s.n), static_cast<long long>(s.c),
-                     lossfuse::dtype_name(s.dt).data(), m.name, ms * 1e3, m.bytes, gbs, 100.0 * gbs / m.probe);
-      }
+      emit_row(csv, "cross_entropy", s.n, s.c, s.dt, m.name, ms, m.bytes, m.probe);
     }
     for (void* p : {x, g, t, loss, lse}) ok(cudaFree(p), "free");
   }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/cross_entropy_params.hpp"
+#include "core/targets.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 #include "math/cross_entropy_math.hpp"
@@ -57,17 +58,6 @@ __device__ __forceinline__ T from_acc(math::AccOf<T> v) {
 
 __device__ __forceinline__ float fast_exp(float v) { return __expf(v); }
 __device__ __forceinline__ double fast_exp(double v) { return exp(v); }
-
-__device__ __forceinline__ int64_t read_target(const void* base, DType dtype, int64_t offset) {
-  switch (dtype) {
-    case DType::u8: return static_cast<const std::uint8_t*>(base)[offset];
-    case DType::i8: return static_cast<const std::int8_t*>(base)[offset];
-    case DType::i16: return static_cast<const std::int16_t*>(base)[offset];
-    case DType::i32: return static_cast<const std::int32_t*>(base)[offset];
-    case DType::i64: return static_cast<const std::int64_t*>(base)[offset];
-    default: return -1;
-  }
-}
 
 // f(c, x_c, 1) for the classes c in [from, to) this thread owns (from + threadIdx.x, then every blockDim.x).
 template <class T, class F>
@@ -308,7 +298,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
     if constexpr (kSoft) {
       pt = static_cast<const T*>(p.target) + p.index.offset(core::kTargetRow, r);
     } else {
-      y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+      y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     }
     // The target's weight and logit, read once the row's own loads are in flight (the target load above is issued
     // first and used here) and before any in-place write.
@@ -475,7 +465,7 @@ __global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, do
   using Acc = math::AccOf<T>;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= p.rows) return;
-  const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+  const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
   Acc loss = 0;  // ignored rows contribute exactly 0 (never 0 * x)
   if (y != p.ignore_index) {
     if (y >= 0 && y < p.classes) {
@@ -493,7 +483,7 @@ template <class T>
 __global__ void __launch_bounds__(kMaxRowThreads) nll_backward_kernel(const CeParams p, const math::AccOf<T>* w) {
   using Acc = math::AccOf<T>;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const int64_t y = read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+    const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     const bool ignored = y == p.ignore_index;
     const bool bad = !ignored && !(y >= 0 && y < p.classes);  // core refused it already: a NaN row, no wild write
     Acc v = 0;
