@@ -46,10 +46,14 @@ python_setup() {
   wait "$python_deps" || { cat build/python-deps.log; return 1; }
   scripts/setup_python.sh
 }
-# a compiler cache, so the Python package's build takes the library's objects from the release build's (read by
-# CMake when it first configures a build tree: a fresh clone, as CI's). ccache keys on the compiler's name too:
-# both builds name it g++ (CMake would call it c++ in one and g++ in the other)
-command -v ccache >/dev/null && export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+# a compiler cache, so the Python package's build takes the library's objects, C++ and CUDA, from the release
+# build's (read by CMake when it first configures a build tree: a fresh clone, as CI's). ccache keys on the
+# compiler's name too: both builds name it g++ (CMake would call it c++ in one and g++ in the other). The two
+# builds' -D flags differ (oneDNN), so the CUDA objects hit in ccache's preprocessed mode.
+if command -v ccache >/dev/null; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+  export CMAKE_CUDA_COMPILER_LAUNCHER=${CMAKE_CUDA_COMPILER_LAUNCHER:-ccache}
+fi
 export CXX=${CXX:-g++}
 stage release-configure quiet cmake --preset release
 stage release-build cmake --build --preset release -j "$jobs"
