@@ -1,9 +1,12 @@
 // lossfuse CUDA bench: cross-entropy and the five margin losses through the public C++ API on device tensors, against
-// the device's own read-only and copy probes. Prints one CSV row per (loss, shape, dtype, mode): the median time per
-// call over timed repetitions (CUDA events around the whole call, host-side checks and copies included), the bytes the
-// call must move, GB/s and the percentage of the matching probe (forward: read probe; a call writing gradients: copy
-// probe). Usage: lossfuse_cuda_bench [csv path [rows,classes,dtype,mode]]: the second argument runs the cross-entropy
-// cases of that key only (for a profiler: ncu -k regex:ce_rows). scripts/gpu_check.sh runs it.
+// the device's own read-only and copy probes; the fused linear loss against its three GEMMs alone on cuBLAS (a table
+// of its own at the CSV's end: time per call, TFLOP/s of the 6 N H V flops, and the time over the GEMMs'). Prints one
+// CSV row per (loss, shape, dtype, mode): the median time per call over timed repetitions (CUDA events around the whole
+// call, host-side checks and copies included), the bytes the call must move, GB/s and the percentage of the matching
+// probe (forward: read probe; a call writing gradients: copy probe). Usage: lossfuse_cuda_bench [csv path
+// [rows,classes,dtype,mode]]: the second argument runs the cross-entropy cases of that key only (for a profiler: ncu -k
+// regex:ce_rows). scripts/gpu_check.sh runs it.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 
 #include "lossfuse/cross_entropy.hpp"
 #include "lossfuse/dtype.hpp"
+#include "lossfuse/linear_cross_entropy.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/margin.hpp"
 
@@ -191,6 +195,77 @@ void bench_margin(FILE* csv, double read_gbs, double copy_gbs) {
 
 }  // namespace
 
+// The fused linear loss at (N, H, V) bfloat16, forward with dx and dW (bfloat16) for the mean, against the same three
+// products run alone on cuBLAS over the whole batch (logits in float32; dx and dW from a bfloat16 gradient): the
+// floor a chunked loss approaches.
+void bench_linear(FILE* csv) {
+  constexpr std::int64_t N = 8192, H = 4096, V = 128256;
+  const auto bytes = [](std::int64_t n, int esz) { return static_cast<std::size_t>(n) * esz; };
+  void *x = nullptr, *w = nullptr, *gx = nullptr, *gw = nullptr, *t = nullptr, *loss = nullptr;
+  ok(cudaMalloc(&x, bytes(N * H, 2)), "malloc");
+  ok(cudaMalloc(&w, bytes(V * H, 2)), "malloc");
+  ok(cudaMalloc(&gx, bytes(N * H, 2)), "malloc");
+  ok(cudaMalloc(&gw, bytes(V * H, 2)), "malloc");
+  ok(cudaMalloc(&t, bytes(N, 8)), "malloc");
+  ok(cudaMalloc(&loss, 8), "malloc");
+  fill_random<<<4096, 256>>>(static_cast<std::uint16_t*>(x), N * H, 21, true);
+  fill_random<<<4096, 256>>>(static_cast<std::uint16_t*>(w), V * H, 23, true);
+  std::vector<std::int64_t> targets(N);
+  std::mt19937_64 rng(9);
+  for (auto& v : targets) v = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(V));
+  ok(cudaMemcpy(t, targets.data(), bytes(N, 8), cudaMemcpyHostToDevice), "copy");
+  const TensorView xv = view2(x, DType::bf16, N, H), wv = view2(w, DType::bf16, V, H);
+  const TensorView tv = TensorView::contiguous(t, DType::i64, {N}, lossfuse::Device::cuda);
+  const lossfuse::CrossEntropyOutputs out{TensorView::contiguous(loss, DType::f32, {}, lossfuse::Device::cuda),
+                                          std::nullopt, std::nullopt};
+  const lossfuse::LinearCrossEntropyGrads grads{view2(gx, DType::bf16, N, H), view2(gw, DType::bf16, V, H),
+                                                std::nullopt};
+  const lossfuse::LinearCrossEntropyOptions o;
+  const double lce_ms =
+      median_ms([&] { lossfuse::linear_cross_entropy_forward(xv, wv, std::nullopt, tv, o, out, grads); }, 5);
+
+  void *logits = nullptr, *g16 = nullptr, *dw32 = nullptr;
+  ok(cudaMalloc(&logits, bytes(N * V, 4)), "malloc");
+  ok(cudaMalloc(&g16, bytes(N * V, 2)), "malloc");
+  ok(cudaMalloc(&dw32, bytes(V * H, 4)), "malloc");
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                  const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, cudaDataType ct,
+                  std::int64_t ldc) {
+    if (cublasGemmEx_64(h, ta, tb, m, n, k, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &zero, c, ct, ldc,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed\n");
+      std::exit(1);
+    }
+  };
+  // column-major: logits^T (V x N) = W x^T; dx^T (H x N) = W^T G^T; dW^T (H x V) = x^T G
+  const double gemm_ms = median_ms(
+      [&] {
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, N, H, w, H, x, H, logits, CUDA_R_32F, V);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, N, V, w, H, g16, V, gx, CUDA_R_16BF, H);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, H, V, N, x, H, g16, V, dw32, CUDA_R_32F, H);
+      },
+      5);
+  const double flops = 6.0 * N * H * V;
+  const char* header = "kind,rows,classes,hidden,dtype,mode,us_per_call,tflop_per_s,time_over_gemms\n";
+  for (FILE* f : {stdout, csv}) {
+    if (f == nullptr) continue;
+    std::fprintf(f, "%s", header);
+    std::fprintf(f, "linear_cross_entropy,%lld,%lld,%lld,bf16,forward_with_grads,%.1f,%.1f,%.3f\n",
+                 static_cast<long long>(N), static_cast<long long>(V), static_cast<long long>(H), lce_ms * 1e3,
+                 flops / lce_ms / 1e9, lce_ms / gemm_ms);
+    std::fprintf(f, "cublas_gemms,%lld,%lld,%lld,bf16,three_gemms,%.1f,%.1f,1.000\n", static_cast<long long>(N),
+                 static_cast<long long>(V), static_cast<long long>(H), gemm_ms * 1e3, flops / gemm_ms / 1e9);
+  }
+  (void)cublasDestroy(h);
+  for (void* p : {x, w, gx, gw, t, loss, logits, g16, dw32}) ok(cudaFree(p), "free");
+}
+
 int main(int argc, char** argv) {
   FILE* csv = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
   const std::string only = argc > 2 ? argv[2] : "";
@@ -285,6 +360,7 @@ int main(int argc, char** argv) {
     for (void* p : {x, g, t, loss, lse}) ok(cudaFree(p), "free");
   }
   if (only.empty()) bench_margin(csv, read_gbs, copy_gbs);
+  if (only.empty()) bench_linear(csv);
   if (csv) std::fclose(csv);
   return 0;
 }

@@ -23,6 +23,9 @@
 // row's lse is kept in double inside a call, and a way-2 backward given lse in float64 (accepted beside the
 // accumulation dtype) splits it back; given it rounded to float32, each probability carries up to ulp(lse) / 2.
 //
+// On CUDA (operands in device memory) the products run on cuBLAS (loaded at first use: libcublas.so.13), never
+// through the GEMM hook, and vocabulary tiles are not served yet (vocab_tile > 0 is refused: not_implemented).
+//
 // Vocabulary tiles (vocab_tile > 0): the smallest memory, a chunk of rows x Vt classes of logits (a cache-sized
 // tile) and no row held whole. The forward makes each tile's logits by one GEMM and folds them into every row's
 // online log-sum-exp (src/math/vocab_tile_math.hpp); the backward recomputes each tile from the saved lse, turns
@@ -61,11 +64,11 @@
 namespace lossfuse {
 
 struct LinearCrossEntropyOptions {
-  CrossEntropyOptions ce;                          // index targets only (no soft targets)
-  std::int64_t chunk_rows = 0;                     // 0: from memory_budget
+  CrossEntropyOptions ce;          // index targets only (no soft targets)
+  std::int64_t chunk_rows = 0;     // 0: from memory_budget
   std::int64_t memory_budget = 0;  // bytes for one chunk of float32 logits (and its gradient); 0: auto (below)
-  std::int64_t vocab_tile = 0;                     // 0: whole vocabulary rows; > 0: tile width in classes
-  double grad_filter = 0.0;                        // 0: off; in (0, 1]: threshold (tiled only; see above)
+  std::int64_t vocab_tile = 0;     // 0: whole vocabulary rows; > 0: tile width in classes
+  double grad_filter = 0.0;        // 0: off; in (0, 1]: threshold (tiled only; see above)
 };
 
 struct LinearCrossEntropyGrads {
@@ -79,10 +82,14 @@ struct LinearCrossEntropyGrads {
 // adds its products into the whole V x H weight gradient (a read-modify-write of V x H) with an inner dimension of
 // its row count, so at large V a 32 MiB chunk (65 rows at V = 128256) spends more on that traffic and on thin GEMMs
 // than on the work: auto gives a chunk at least 256 rows while that stays within 1/16 of the N x Vt logits (at most
-// 16 chunks). Always clamped to [1, N] (1 when N = 0). acc_bytes: 4, 8 for float64 inputs.
+// 16 chunks). On cuda, auto is kLinearCeCudaBudget / (Vt * acc_bytes) (2093 rows at V = 128256): each chunk's
+// read-modify-write of a float32 dW (8 V H bytes) takes an H100 as long as about 400 rows of the chunk's GEMMs
+// (6 V H flops a row), so thin chunks would spend a large share on it. Always clamped to [1, N] (1 when N = 0).
+// acc_bytes: 4, 8 for float64 inputs.
 inline constexpr std::int64_t kLinearCeBaseBudget = std::int64_t{32} << 20;
+inline constexpr std::int64_t kLinearCeCudaBudget = std::int64_t{1} << 30;
 std::int64_t linear_cross_entropy_chunk_rows(std::int64_t N, std::int64_t Vt, std::int64_t acc_bytes,
-                                             const LinearCrossEntropyOptions& options);
+                                             const LinearCrossEntropyOptions& options, Device device = Device::cpu);
 
 // outputs: loss (the row shape (N) for 'none', else one element), optional lse (N) and z_loss, as
 // cross_entropy_forward. grads: optional; when any is given they are computed in the same pass (way 1) for an

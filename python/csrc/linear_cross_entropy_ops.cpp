@@ -1,5 +1,6 @@
 // Fused linear + cross-entropy as torch ops, and the GEMM hook that runs lossfuse's products on torch's own
-// matmul (no second BLAS in a torch process).
+// matmul (no second BLAS in a torch process). The hook serves CPU tensors; on CUDA the runner's products go to
+// cuBLAS (the one torch loaded), on torch's current stream.
 #include <algorithm>
 #include <vector>
 
@@ -126,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor gx = new_grad(input, grad_mask[0]);
   at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
   at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
-  guarded([&] {
+  guarded_on(input, [&] {
     const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
                                chunk_rows, memory_budget, vocab_tile, grad_filter);
     linear_cross_entropy_forward(view(input, "input"), view(linear_weight, "linear_weight"),
@@ -146,13 +147,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   at::Tensor gx = new_grad(input, grad_mask[0]);
   at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
   at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);
-  guarded([&] {
+  guarded_on(input, [&] {
     const auto o = lce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale,
                                chunk_rows, memory_budget, vocab_tile, grad_filter);
     lossfuse::linear_cross_entropy_backward(view(input, "input"), view(linear_weight, "linear_weight"),
-                                            view(linear_bias, "linear_bias"), view(target, "target"),
-                                            view(lse, "lse"), view(grad_output, "grad_output"), o,
-                                            grad_views(gx, gw, gb, grad_mask));
+                                            view(linear_bias, "linear_bias"), view(target, "target"), view(lse, "lse"),
+                                            view(grad_output, "grad_output"), o, grad_views(gx, gw, gb, grad_mask));
   });
   return {gx, gw, gb};
 }
@@ -174,8 +174,15 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "-> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
-  using namespace lossfuse::torch_binding;
+namespace lossfuse::torch_binding {
+namespace {
+
+void register_kernels(torch::Library& m) {
   m.impl("linear_cross_entropy", &linear_cross_entropy);
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
 }
+
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+LOSSFUSE_DEVICE_KERNELS(lossfuse::torch_binding::register_kernels)

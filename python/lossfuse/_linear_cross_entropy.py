@@ -17,7 +17,8 @@ from ._roads import is_eager, upstream_not_finite
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
 
-DEFAULT_MEMORY_BUDGET = 0  # auto: 32 MiB of float32 logits per chunk, at least 256 rows within 1/16 of the logits
+# auto: 32 MiB of float32 logits per chunk, at least 256 rows within 1/16 of the logits; on CUDA 1 GiB
+DEFAULT_MEMORY_BUDGET = 0
 # vocab_tile=None: tiles of this many classes when the weight's gradient is 16-bit (the backward then runs tile by
 # tile, with no V x H float32 accumulator), whole vocabulary rows otherwise.
 AUTO_VOCAB_TILE_16BIT = 1024
@@ -172,7 +173,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     input (N, H) or (H), linear_weight (V, H), target (N) or () class indices of any integer dtype, linear_bias (V).
     The logits are made chunk by chunk (chunk_rows rows, or as many as fit memory_budget bytes of float32; the
     default 0 means 32 MiB, raised to 256 rows where that stays within 1/16 of the logits, as at large V thin chunks
-    cost more than their work) and reduced at once. strategy:
+    cost more than their work; on CUDA 1 GiB) and reduced at once. strategy:
       'chunked'   gradients of input, linear_weight and linear_bias are computed during the forward pass and
                   kept until backward (reduction 'mean' or 'sum'; the fastest: one pass);
       'recompute' the forward keeps only the per-row log-sum-exp and backward recomputes the logits (any
@@ -180,8 +181,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
       'auto'      'chunked' when gradients are needed and the reduction is 'mean' or 'sum', else 'recompute'.
     vocab_tile > 0: the logits are made rows x vocab_tile at a time with an online log-sum-exp (the smallest memory;
     for 16-bit weights also no V x H float32 accumulator of the weight's gradient); 0: whole vocabulary rows (for
-    float32 the fastest: three GEMMs in all); None (the default): 1024 when linear_weight is 16-bit and needs a
-    gradient, else 0. grad_filter (with vocab_tile,
+    float32 the fastest: three GEMMs in all); None (the default): 1024 when linear_weight is a 16-bit CPU tensor
+    that needs a gradient, else 0 (CUDA serves whole rows only, its products on cuBLAS). grad_filter (with vocab_tile,
     off at 0): in backward, a (row, tile) whose largest probability is below it keeps only its target and
     smoothing terms (error bound in include/lossfuse/linear_cross_entropy.hpp).
     lossfuse's extras as in cross_entropy: softcap, z_loss_scale, logit_scale, return_lse. loss_dtype: the loss's
@@ -252,7 +253,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
         raise ValueError("strategy 'chunked' needs reduction 'mean' or 'sum' (use 'recompute' for 'none')")
     mask = wants if chunked and any(wants) else [False, False, False]
     if vocab_tile is None:
-        vocab_tile = AUTO_VOCAB_TILE_16BIT if wants[1] and w.element_size() == 2 else 0
+        vocab_tile = AUTO_VOCAB_TILE_16BIT if wants[1] and w.element_size() == 2 and w.device.type == "cpu" else 0
     loss, lse, _, _, _, _ = _ops.linear_cross_entropy(
         x, w, t, linear_bias, weight, red, int(ignore_index), float(label_smoothing), float(logit_scale),
         float(softcap), float(z_loss_scale), int(chunk_rows), int(memory_budget), int(vocab_tile), float(grad_filter),

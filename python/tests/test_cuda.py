@@ -1,8 +1,8 @@
-"""lossfuse's CUDA route in PyTorch: cross_entropy, nll_loss, the elementwise and the margin losses on CUDA tensors, against
-torch computing in float64 on the same (rounded) inputs and against torch's own CUDA kernels; the extras torch lacks
-(z-loss, softcap, logit_scale) against lossfuse's CPU backend in float64. Also: class targets of every integer
-dtype, the (N, C, d1, d2) layout, gradcheck, a bad class index, torch's current stream and caching allocator,
-patch_torch, torch.compile. Runs where torch sees a GPU and lossfuse was built with its CUDA route
+"""lossfuse's CUDA route in PyTorch: cross_entropy, nll_loss, the elementwise and margin losses and linear_cross_entropy on
+CUDA tensors, against torch computing in float64 on the same (rounded) inputs and against torch's own CUDA kernels; the
+extras torch lacks (z-loss, softcap, logit_scale) against lossfuse's CPU backend in float64. Also: class targets of
+every integer dtype, the (N, C, d1, d2) layout, gradcheck, a bad class index, torch's current stream and caching
+allocator, patch_torch, torch.compile. Runs where torch sees a GPU and lossfuse was built with its CUDA route
 (scripts/gpu_check.sh on a GPU machine); skipped elsewhere."""
 
 import pytest
@@ -295,3 +295,79 @@ def test_margin_class_targets_of_every_integer_dtype(target_dtype):
         want = f(x, t)
         torch.testing.assert_close(f(x, t.to(target_dtype)), want, rtol=0, atol=0)
 
+
+
+def _lce_grads(fn, x, w, b, t, upstream, **kwargs):
+    """fn's loss and its gradients of x, w and b for d(sum(upstream * loss)), each input a fresh leaf."""
+    x, w, b = (a.detach().requires_grad_() for a in (x, w, b))
+    loss = fn(x, w, b, t, **kwargs)
+    return (loss, *torch.autograd.grad(loss, (x, w, b), upstream.to(loss.dtype)))
+
+
+def _torch_lce(x, w, b, t, **kwargs):
+    return F.cross_entropy(F.linear(x, w, b), t, **kwargs)
+
+
+def _our_lce(x, w, b, t, **kwargs):
+    return LF.linear_cross_entropy(x, w, t, linear_bias=b, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("strategy", ["chunked", "recompute"])
+@pytest.mark.parametrize("name", ["mean", "sum", "smoothing", "ignore", "weight", "all"])
+def test_linear_cross_entropy_matches_torch(name, strategy, dtype):
+    """Loss and the gradients of x, W and b within TOL of torch's linear + cross_entropy in float64 on the same
+    (rounded) inputs, and no further from it than torch's own CUDA result: several chunks (chunk_rows 37), V over a
+    cuBLAS tile."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(150, 64, device="cuda", generator=gen) / 8).to(dtype)
+    w = torch.randn(1003, 64, device="cuda", generator=gen).to(dtype)
+    b = torch.randn(1003, device="cuda", generator=gen).to(dtype)
+    t = torch.randint(0, 1003, (150,), device="cuda", generator=gen)
+    kwargs = dict(OPTIONS[name])
+    if kwargs.pop("weight", False):
+        kwargs["weight"] = (torch.rand(1003, device="cuda", generator=gen) + 0.5).to(dtype)
+    ref_kwargs = {k: (v.double() if torch.is_tensor(v) else v) for k, v in kwargs.items()}
+    upstream = torch.tensor(1.3, dtype=torch.float64, device="cuda")
+    want = _lce_grads(_torch_lce, x.double(), w.double(), b.double(), t, upstream, **ref_kwargs)
+    theirs = _lce_grads(_torch_lce, x, w, b, t, upstream, **kwargs)
+    ours = _lce_grads(_our_lce, x, w, b, t, upstream, strategy=strategy, chunk_rows=37, **kwargs)
+    for what, got, torch_got, ref in zip(("loss", "grad_x", "grad_weight", "grad_bias"), ours, theirs, want):
+        assert got.device == ref.device and got.dtype == dtype, what
+        scale = max(ref.abs().max().item(), 1.0)
+        err = max_error(got, ref)
+        assert err <= TOL[dtype] * scale, f"{what}: error {err} against float64, allowed {TOL[dtype] * scale}"
+        assert err <= max_error(torch_got, ref) + torch.finfo(dtype).eps * scale, f"{what}: error {err} above torch's"
+
+
+def test_linear_cross_entropy_gradcheck():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, w, b = (torch.randn(*s, device="cuda", dtype=torch.float64, generator=gen, requires_grad=True)
+               for s in ((6, 5), (9, 5), (9,)))
+    t = torch.randint(0, 9, (6,), device="cuda", generator=gen)
+    for strategy in ("chunked", "recompute"):
+        assert torch.autograd.gradcheck(
+            lambda a, c, d: LF.linear_cross_entropy(a, c, t, linear_bias=d, label_smoothing=0.1, strategy=strategy,
+                                                    chunk_rows=4), (x, w, b))
+
+
+@pytest.mark.parametrize("target_dtype", INT_DTYPES, ids=str)
+def test_linear_cross_entropy_integer_targets(target_dtype):
+    x = torch.randn(40, 16, device="cuda")
+    w = torch.randn(100, 16, device="cuda")
+    t = torch.randint(0, 100, (40,), device="cuda")
+    want = LF.linear_cross_entropy(x, w, t, reduction="none")
+    torch.testing.assert_close(LF.linear_cross_entropy(x, w, t.to(target_dtype), reduction="none"), want, rtol=0,
+                               atol=0)
+
+
+def test_linear_cross_entropy_refuses_tiles_and_bad_targets_on_cuda():
+    x = torch.randn(8, 16, device="cuda", requires_grad=True)
+    w = torch.randn(50, 16, device="cuda", requires_grad=True)
+    t = torch.randint(0, 50, (8,), device="cuda")
+    with pytest.raises(NotImplementedError, match="vocab_tile"):
+        LF.linear_cross_entropy(x, w, t, vocab_tile=16)
+    t[3] = 50
+    with pytest.raises(IndexError, match="50"):
+        LF.linear_cross_entropy(x, w, t)
+    torch.cuda.synchronize()  # the context survives

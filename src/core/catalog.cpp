@@ -42,7 +42,7 @@ constexpr Family kFamilies[] = {
     {LossKind::multi_margin, false, true},
     {LossKind::multilabel_margin, false, true},
     {LossKind::multilabel_soft_margin, false, true},
-    {LossKind::linear_cross_entropy, true, false},
+    {LossKind::linear_cross_entropy, true, true},
 };
 
 constexpr std::size_t count_entries() {

@@ -22,8 +22,8 @@ using core::NamedView;
 
 using Problem = core::LceProblem;
 
-void check_2d(const TensorView& t, const char* name, const char* dims) {
-  core::check_view(t, name);
+void check_2d(const TensorView& t, const char* name, const char* dims, Device device) {
+  core::check_view(t, name, device);
   if (t.ndim != 2) {
     throw Error(ErrorCode::shape_mismatch, name, std::string("2 dims ") + dims, t.shape_string());
   }
@@ -34,14 +34,14 @@ void check_2d(const TensorView& t, const char* name, const char* dims) {
 }
 
 // The cross-entropy options (label_smoothing, logit_scale, softcap, z_loss_scale, class weights) are checked by the
-// cross-entropy entry itself, run on an empty batch of V classes of float32 (float64) logits, as the untiled chunks
-// hand it: its checks, and nothing written.
-void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V) {
+// cross-entropy entry itself, run on an empty batch of V classes of float32 (float64) logits on x's device, as the
+// untiled chunks hand it: its checks, and nothing written.
+void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V, Device device) {
   CrossEntropyOptions o = ce;
   o.reduction = Reduction::none;
-  const TensorView logits = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0, V});
-  const TensorView target = TensorView::contiguous(nullptr, DType::i64, {0});
-  const TensorView loss = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0});
+  const TensorView logits = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0, V}, device);
+  const TensorView target = TensorView::contiguous(nullptr, DType::i64, {0}, device);
+  const TensorView loss = TensorView::contiguous(nullptr, accumulate_dtype(dt), {0}, device);
   try {
     cross_entropy_forward(logits, target, o, CrossEntropyOutputs{loss, std::nullopt, std::nullopt});
   } catch (const Error& e) {
@@ -53,9 +53,10 @@ void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V) {
 
 Problem check_problem(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
                       const TensorView& target, const LinearCrossEntropyOptions& o) {
-  check_2d(x, "x", "(N, H)");
+  const Device dev = x.device;
+  check_2d(x, "x", "(N, H)", dev);
   core::check_floating(x, "x");
-  check_2d(w, "weight", "(V, H)");
+  check_2d(w, "weight", "(V, H)", dev);
   core::check_dtype(w, "weight", x.dtype);
   Problem p;
   p.N = x.shape[0];
@@ -68,12 +69,12 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
   }
   if (p.V == 0) throw Error(ErrorCode::shape_mismatch, "weight", "at least one class (V >= 1)", w.shape_string());
   if (b) {
-    core::check_view(*b, "bias");
+    core::check_view(*b, "bias", dev);
     core::check_dtype(*b, "bias", x.dtype);
     const std::int64_t want[1] = {p.V};
     core::check_shape(*b, "bias", want, 1);
   }
-  core::check_view(target, "target");
+  core::check_view(target, "target", dev);
   if (!is_integer(target.dtype)) {
     throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
                 std::string(dtype_name(target.dtype)));
@@ -101,13 +102,14 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
   }
   p.tiled = o.vocab_tile > 0;
   p.Vt = std::max<std::int64_t>(1, p.tiled ? std::min(o.vocab_tile, p.V) : p.V);
-  check_ce_options(o.ce, p.dt, p.V);
+  check_ce_options(o.ce, p.dt, p.V, dev);
   p.pb.class_dim = 1;
   p.pb.classes = p.V;
   p.pb.rows = p.N;
   p.pb.row_shape[0] = p.N;
   p.pb.row_ndim = 1;
   p.pb.acc = accumulate_dtype(p.dt);
+  p.pb.device = dev;
   return p;
 }
 
@@ -115,20 +117,20 @@ void check_grads(const LinearCrossEntropyGrads& g, const Problem& p, const Tenso
                  const std::optional<TensorView>& b, std::vector<NamedView>& written) {
   const DType acc = p.pb.acc;
   if (g.x) {
-    core::check_view(*g.x, "grad_x");
+    core::check_view(*g.x, "grad_x", p.pb.device);
     core::check_dtype(*g.x, "grad_x", x.dtype);
     core::check_shape(*g.x, "grad_x", x.shape.data(), 2);
     written.push_back({"grad_x", &*g.x});
   }
   if (g.w) {
-    core::check_view(*g.w, "grad_weight");
+    core::check_view(*g.w, "grad_weight", p.pb.device);
     if (g.w->dtype != acc) core::check_dtype(*g.w, "grad_weight", w.dtype);
     core::check_shape(*g.w, "grad_weight", w.shape.data(), 2);
     written.push_back({"grad_weight", &*g.w});
   }
   if (g.b) {
     if (!b) throw Error(ErrorCode::invalid_value, "grad_bias", "absent when there is no bias", "a tensor");
-    core::check_view(*g.b, "grad_bias");
+    core::check_view(*g.b, "grad_bias", p.pb.device);
     if (g.b->dtype != acc) core::check_dtype(*g.b, "grad_bias", b->dtype);
     core::check_shape(*g.b, "grad_bias", b->shape.data(), 1);
     written.push_back({"grad_bias", &*g.b});
@@ -136,7 +138,7 @@ void check_grads(const LinearCrossEntropyGrads& g, const Problem& p, const Tenso
 }
 
 std::int64_t chunk_rows(const LinearCrossEntropyOptions& o, const Problem& p) {
-  return linear_cross_entropy_chunk_rows(p.N, p.Vt, static_cast<std::int64_t>(dtype_size(p.pb.acc)), o);
+  return linear_cross_entropy_chunk_rows(p.N, p.Vt, static_cast<std::int64_t>(dtype_size(p.pb.acc)), o, p.pb.device);
 }
 
 // What the target scan yields for 'mean': the sums of target weights and the non-ignored rows.
@@ -153,27 +155,31 @@ struct Denominator {
 template <class Acc>
 Denominator scan(const Problem& p, const TensorView& target, const LinearCrossEntropyOptions& o,
                  std::vector<Acc>& wts) {
-  wts = core::load_weights<Acc>(o.ce.weight, p.V);
+  wts = core::load_weights<Acc>(o.ce.weight, p.V, p.pb.device);
   core::RowIndex idx;
   core::set_row_view(idx, 0, target, -1);
   Denominator d{0.0, 0.0, 0, 0};
-  d.sum = core::scan_targets<Acc>(target.data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
+  d.sum = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, idx, 0, p.N, p.V, o.ce.ignore_index,
                                   wts.empty() ? nullptr : wts.data(), &d.counted, &d.weighted);
-  d.value = core::split_mean_denominator(d.sum, d.counted, d.weighted,
-                                         o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0);
+  d.value =
+      core::split_mean_denominator(d.sum, d.counted, d.weighted, o.ce.label_smoothing != 0 || o.ce.z_loss_scale != 0);
   return d;
 }
 
+// The rows of a forward output (host arrays) into `out`, on the device it lives on: as they are for 'none', else
+// summed in row order in double (and divided by the denominator for 'mean').
+template <class T>
+void store_rows(const core::Backend& be, const TensorView& out, const std::vector<T>& rows) {
+  if (!rows.empty()) be.from_host(out.data, rows.data(), rows.size() * sizeof(T));
+}
 template <class Acc>
-void write_reduced(const TensorView& out, const std::vector<Acc>& rows, Reduction r, double denominator) {
-  Acc* dst = static_cast<Acc*>(out.data);
+void write_reduced(const core::Backend& be, const TensorView& out, const std::vector<Acc>& rows, Reduction r,
+                   double denominator) {
   if (r == Reduction::none) {
-    std::copy(rows.begin(), rows.end(), dst);
+    store_rows(be, out, rows);
     return;
   }
-  double s = 0;
-  for (const Acc v : rows) s += static_cast<double>(v);
-  *dst = static_cast<Acc>(r == Reduction::sum ? s : s / denominator);
+  core::write_reduced(out, std::vector<double>(rows.begin(), rows.end()), r, denominator);
 }
 
 // The runner's params; outputs and direction are set by the caller.
@@ -211,14 +217,13 @@ void forward(const core::Backend& be, const Problem& p, const TensorView& x, con
   lp.lse_rows = lse.data();
   lp.scale = scale.data();
   be.linear_cross_entropy(lp);
-  write_reduced(out.loss, loss, o.ce.reduction, denom.value);
+  write_reduced(be, out.loss, loss, o.ce.reduction, denom.value);
   if (out.lse && out.lse->dtype == DType::f64) {
-    std::copy(lse.begin(), lse.end(), static_cast<double*>(out.lse->data));
+    store_rows(be, *out.lse, lse);
   } else if (out.lse) {
-    std::transform(lse.begin(), lse.end(), static_cast<Acc*>(out.lse->data),
-                   [](double v) { return static_cast<Acc>(v); });
+    store_rows(be, *out.lse, std::vector<Acc>(lse.begin(), lse.end()));
   }
-  if (out.z_loss) write_reduced(*out.z_loss, zl, o.ce.reduction, denom.sum);
+  if (out.z_loss) write_reduced(be, *out.z_loss, zl, o.ce.reduction, denom.sum);
 }
 
 template <class Acc>
@@ -230,12 +235,14 @@ void backward(const core::Backend& be, const Problem& p, const TensorView& x, co
   const Denominator denom = scan<Acc>(p, target, o, wts);
   std::vector<double> lse(static_cast<std::size_t>(p.N));
   std::vector<Acc> scale(lse.size());
+  const core::HostCopy lse_host(lse_in);
   for (std::int64_t r = 0; r < p.N; ++r) {
     const std::int64_t at = r * lse_in.strides[0];
-    lse[r] = lse_in.dtype == DType::f64 ? static_cast<const double*>(lse_in.data)[at]
-                                        : static_cast<double>(static_cast<const Acc*>(lse_in.data)[at]);
+    lse[r] = lse_in.dtype == DType::f64 ? static_cast<const double*>(lse_host.view().data)[at]
+                                        : static_cast<double>(static_cast<const Acc*>(lse_host.view().data)[at]);
   }
-  const Acc* gl = grad_loss ? static_cast<const Acc*>(grad_loss->data) : nullptr;
+  const std::optional<core::HostCopy> gl_host = grad_loss ? std::optional<core::HostCopy>(*grad_loss) : std::nullopt;
+  const Acc* gl = gl_host ? static_cast<const Acc*>(gl_host->view().data) : nullptr;
   if (o.ce.reduction == Reduction::none) {
     for (std::int64_t r = 0; r < p.N; ++r) scale[r] = gl ? gl[r * grad_loss->strides[0]] : Acc(1);
   } else {
@@ -252,14 +259,64 @@ void backward(const core::Backend& be, const Problem& p, const TensorView& x, co
 
 }  // namespace
 
+namespace core {
+
+double lce_class_weight_sum(const LceParams& p) {
+  const std::int64_t V = p.problem.V;
+  if (p.class_weight == nullptr) return static_cast<double>(V);
+  double s = 0;
+  for (std::int64_t c = 0; c < V; ++c) {
+    s += p.problem.pb.acc == DType::f64 ? static_cast<const double*>(p.class_weight)[c]
+                                        : static_cast<double>(static_cast<const float*>(p.class_weight)[c]);
+  }
+  return s;
+}
+
+CeParams lce_chunk_params(const LceParams& p, CeMode mode, std::int64_t r0, std::int64_t rc, void* logits,
+                          const void* scale) {
+  ClassProblem pb = p.problem.pb;
+  pb.rows = rc;
+  pb.row_shape[0] = rc;
+  const TensorView z = TensorView::contiguous(logits, pb.acc, {rc, p.problem.V}, pb.device);
+  TensorView tgt = *p.target;
+  tgt.shape[0] = rc;
+  if (rc > 0) {
+    tgt.data = static_cast<char*>(tgt.data) + r0 * tgt.strides[0] * static_cast<std::int64_t>(dtype_size(tgt.dtype));
+  }
+  const bool grad = mode != CeMode::forward;
+  std::optional<TensorView> gl;
+  if (grad) {
+    const auto* s = static_cast<const char*>(scale) + r0 * static_cast<std::int64_t>(dtype_size(pb.acc));
+    gl = TensorView::contiguous(const_cast<char*>(s), pb.acc, {rc}, pb.device);
+  }
+  const CrossEntropyOptions& o = p.options->ce;
+  CeParams cp;
+  cp.mode = mode;
+  fill_layout(cp, pb, z, tgt, grad ? &z : nullptr, gl);
+  cp.weight = p.class_weight;
+  cp.sum_w = lce_class_weight_sum(p);
+  cp.scale = o.logit_scale;
+  cp.softcap = o.softcap;
+  cp.eps = o.label_smoothing;
+  cp.z_loss_scale = o.z_loss_scale;
+  cp.ignore_index = o.ignore_index;
+  cp.lse_f64 = true;
+  if (grad) set_grad_scale(cp, Reduction::none, gl, 1.0);
+  return cp;
+}
+
+}  // namespace core
+
 std::int64_t linear_cross_entropy_chunk_rows(std::int64_t N, std::int64_t Vt, std::int64_t acc_bytes,
-                                             const LinearCrossEntropyOptions& o) {
+                                             const LinearCrossEntropyOptions& o, Device device) {
   if (N <= 0) return 1;
   std::int64_t r = o.chunk_rows;
   if (r <= 0) {
     const std::int64_t row_bytes = std::max<std::int64_t>(1, Vt) * std::max<std::int64_t>(1, acc_bytes);
     if (o.memory_budget > 0) {
       r = o.memory_budget / row_bytes;
+    } else if (device == Device::cuda) {
+      r = kLinearCeCudaBudget / row_bytes;
     } else {
       constexpr std::int64_t kMinRows = 256, kMaxChunks = 16;
       r = std::max(kLinearCeBaseBudget / row_bytes, std::min(kMinRows, (N + kMaxChunks - 1) / kMaxChunks));
@@ -276,7 +333,7 @@ void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, cons
   std::vector<NamedView> written, read = {{"x", &x}, {"weight", &w}, {"target", &target}};
   if (b) read.push_back({"bias", &*b});
   if (options.ce.weight) read.push_back({"class_weight", &*options.ce.weight});
-  core::check_view(out.loss, "loss");
+  core::check_view(out.loss, "loss", p.pb.device);
   core::check_dtype(out.loss, "loss", p.pb.acc);
   core::check_reduced_shape(out.loss, "loss", options.ce.reduction, p.pb.row_shape, 1);
   core::check_contiguous(out.loss, "loss");
@@ -286,7 +343,7 @@ void linear_cross_entropy_forward(const TensorView& x, const TensorView& w, cons
     written.push_back({"lse", &*out.lse});
   }
   if (out.z_loss) {
-    core::check_view(*out.z_loss, "z_loss");
+    core::check_view(*out.z_loss, "z_loss", p.pb.device);
     core::check_dtype(*out.z_loss, "z_loss", p.pb.acc);
     core::check_reduced_shape(*out.z_loss, "z_loss", options.ce.reduction, p.pb.row_shape, 1);
     core::check_contiguous(*out.z_loss, "z_loss");
@@ -310,7 +367,7 @@ void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, con
   std::vector<NamedView> written, read = {{"x", &x}, {"weight", &w}, {"target", &target}, {"lse", &lse}};
   if (b) read.push_back({"bias", &*b});
   if (options.ce.weight) read.push_back({"class_weight", &*options.ce.weight});
-  core::check_view(lse, "lse");
+  core::check_view(lse, "lse", p.pb.device);
   core::check_lse_dtype(lse, p.pb);
   core::check_shape(lse, "lse", p.pb.row_shape, 1);
   core::check_grad_loss(grad_loss, p.pb, options.ce.reduction);

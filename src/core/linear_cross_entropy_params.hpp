@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "core/class_problem.hpp"
+#include "core/cross_entropy_params.hpp"
 #include "lossfuse/linear_cross_entropy.hpp"
 
 namespace lossfuse::core {
@@ -37,6 +38,17 @@ struct LceParams {
   void* z_rows = nullptr;              // Acc (N), forward only
   double* lse_rows = nullptr;          // (N): each row's lse, max + log-sum summed in double
   const void* scale = nullptr;         // Acc (N): the upstream gradient of each row's loss term (grads only)
+  // loss_rows, z_rows, lse_rows and scale are host arrays whatever the device; every view lives on x's device.
 };
+
+// The sum of the class weights (V when unweighted), in double.
+double lce_class_weight_sum(const LceParams& p);
+
+// The cross-entropy kernel's params for rows [r0, r0 + rc) whose logits are the contiguous rc x V Acc block `logits`
+// on the operands' device: reduction 'none', the gradient written over the logits when `mode` has one, row r's
+// upstream gradient scale[r] (an N-element Acc array on that device, from row 0; grads only), the lse in double.
+// The row outputs and lse_in are the runner's to set. Untiled chunks only.
+CeParams lce_chunk_params(const LceParams& p, CeMode mode, std::int64_t r0, std::int64_t rc, void* logits,
+                          const void* scale);
 
 }  // namespace lossfuse::core

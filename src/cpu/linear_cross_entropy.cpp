@@ -108,11 +108,19 @@ bool filter_keeps(Acc tile_max, const SplitLse<Acc>& lse, Acc threshold) {
 template <class Acc>
 class Runner {
  public:
-  // wts: the class weights as core::load_weights made them (nullptr: unweighted).
-  Runner(const core::LceProblem& p, const TensorView& x, const TensorView& w, const TensorView* b,
-         const TensorView& target, const LinearCrossEntropyOptions& o, const LinearCrossEntropyGrads& g, const Acc* wts,
-         std::int64_t chunk_rows)
-      : p_(p), x_(x), w_(w), target_(target), o_(o), g_(g), R_(chunk_rows), wts_(wts) {
+  explicit Runner(const core::LceParams& lp)
+      : lp_(lp),
+        p_(lp.problem),
+        x_(*lp.x),
+        w_(*lp.w),
+        target_(*lp.target),
+        o_(*lp.options),
+        g_(*lp.grads),
+        R_(lp.chunk_rows),
+        wts_(static_cast<const Acc*>(lp.class_weight)) {
+    const core::LceProblem& p = p_;
+    const TensorView* b = lp.b;
+    const LinearCrossEntropyGrads& g = g_;
     logits_ = uninit<Acc>(R_ * p.Vt);
     tiles_ = p.V == 0 ? 0 : (p.V + p.Vt - 1) / p.Vt;
     if (b) {
@@ -160,7 +168,7 @@ class Runner {
       const core::CeMode mode = backward       ? core::CeMode::backward
                                 : wants_grads_ ? core::CeMode::forward_backward
                                                : core::CeMode::forward;
-      core::CeParams cp = chunk_params(mode, r0, rc, scale);
+      core::CeParams cp = core::lce_chunk_params(lp_, mode, r0, rc, logits_.get(), scale);
       cp.lse_in = backward ? lse_rows + r0 : nullptr;
       if (!backward) {
         cp.loss_rows = loss_rows + r0;
@@ -177,39 +185,7 @@ class Runner {
   }
 
  private:
-  // The cross-entropy kernel's params for the chunk's rc x V logits in logits_ (rows r0..): reduction 'none', the
-  // gradient written over the logits, each row's upstream gradient scale[r], the lse in double. The targets and
-  // options were checked once for the whole call.
-  core::CeParams chunk_params(core::CeMode mode, std::int64_t r0, std::int64_t rc, const Acc* scale) const {
-    core::ClassProblem pb = p_.pb;
-    pb.rows = rc;
-    pb.row_shape[0] = rc;
-    const TensorView logits = TensorView::contiguous(logits_.get(), pb.acc, {rc, p_.V});
-    const TensorView tgt = sub_rows(target_, r0, rc);
-    const bool grad = mode != core::CeMode::forward;
-    std::optional<TensorView> gl;
-    if (grad) gl = TensorView::contiguous(const_cast<Acc*>(scale + r0), pb.acc, {rc});
-    core::CeParams cp;
-    cp.mode = mode;
-    core::fill_layout(cp, pb, logits, tgt, grad ? &logits : nullptr, gl);
-    cp.weight = wts_;
-    cp.sum_w = class_weight_sum();
-    cp.scale = o_.ce.logit_scale;
-    cp.softcap = o_.ce.softcap;
-    cp.eps = o_.ce.label_smoothing;
-    cp.z_loss_scale = o_.ce.z_loss_scale;
-    cp.ignore_index = o_.ce.ignore_index;
-    cp.lse_f64 = true;
-    if (grad) core::set_grad_scale(cp, Reduction::none, gl, 1.0);
-    return cp;
-  }
-
-  double class_weight_sum() const {
-    if (wts_ == nullptr) return static_cast<double>(p_.V);
-    double s = 0;
-    for (std::int64_t c = 0; c < p_.V; ++c) s += static_cast<double>(wts_[c]);
-    return s;
-  }
+  double class_weight_sum() const { return core::lce_class_weight_sum(lp_); }
 
   void init_tiled() {
     wc_.assign(static_cast<std::size_t>(p_.V), Acc(1));
@@ -633,6 +609,7 @@ class Runner {
     });
   }
 
+  const core::LceParams& lp_;
   const core::LceProblem& p_;
   const TensorView& x_;
   const TensorView& w_;
@@ -640,7 +617,7 @@ class Runner {
   const LinearCrossEntropyOptions& o_;
   const LinearCrossEntropyGrads& g_;
   const std::int64_t R_;
-  const Acc* wts_;          // class weights (nullptr: unweighted)
+  const Acc* wts_;          // class weights as core::load_weights made them (nullptr: unweighted)
   std::int64_t tiles_ = 0;  // vocabulary tiles of Vt classes (one of V when untiled; none when V = 0)
   bool wants_grads_ = false;
   bool tile_major_ = false;             // tiled with a dW accumulator: the backward runs tile by tile
@@ -671,17 +648,12 @@ class Runner {
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {
-  const TensorView& target = *p.target;
   if (p.problem.pb.acc == DType::f64) {
-    Runner<double>(p.problem, *p.x, *p.w, p.b, target, *p.options, *p.grads, static_cast<const double*>(p.class_weight),
-                   p.chunk_rows)
-        .run(static_cast<double*>(p.loss_rows), p.lse_rows, static_cast<double*>(p.z_rows),
-             static_cast<const double*>(p.scale), p.backward);
+    Runner<double>(p).run(static_cast<double*>(p.loss_rows), p.lse_rows, static_cast<double*>(p.z_rows),
+                          static_cast<const double*>(p.scale), p.backward);
   } else {
-    Runner<float>(p.problem, *p.x, *p.w, p.b, target, *p.options, *p.grads, static_cast<const float*>(p.class_weight),
-                  p.chunk_rows)
-        .run(static_cast<float*>(p.loss_rows), p.lse_rows, static_cast<float*>(p.z_rows),
-             static_cast<const float*>(p.scale), p.backward);
+    Runner<float>(p).run(static_cast<float*>(p.loss_rows), p.lse_rows, static_cast<float*>(p.z_rows),
+                         static_cast<const float*>(p.scale), p.backward);
   }
 }
 

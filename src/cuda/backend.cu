@@ -1,7 +1,7 @@
-// The CUDA backend's table: cross-entropy and NLL, the eleven elementwise losses and the five margin losses
-// (src/cuda/kernels.hpp), and the block sums their reduced forwards share. CTC and the fused linear loss have no CUDA
-// kernels yet: core refuses their CUDA operands at check_view (not_implemented, naming the argument), and their slots
-// here throw the same error should a caller reach them. The elementwise losses' value checks scan host copies (core),
+// The CUDA backend's table: cross-entropy and NLL, the eleven elementwise losses, the five margin losses and the fused
+// linear loss (src/cuda/kernels.hpp), and the block sums their reduced forwards share. CTC has no CUDA kernels yet:
+// core refuses its CUDA operands at check_view (not_implemented, naming the argument), and its slot here throws the
+// same error should a caller reach it. The elementwise losses' value checks scan host copies (core),
 // so value_scan is never given device memory.
 #include <cstdint>
 #include <mutex>
@@ -84,8 +84,7 @@ void from_host(void* dst, const void* host, std::size_t bytes) {
 
 template <class Params>
 void not_on_cuda(const Params&) {
-  throw Error(ErrorCode::not_implemented, "device",
-              "a loss family with CUDA kernels (cross_entropy, nll, the elementwise and margin losses)",
+  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (all but ctc)",
               "another family on cuda");
 }
 
@@ -110,7 +109,7 @@ const Backend* cuda_backend() noexcept {
       cuda::multi_margin_rows,
       cuda::multilabel_margin_rows,
       cuda::multilabel_soft_margin_rows,
-      not_on_cuda<LceParams>,
+      cuda::linear_cross_entropy_run,
   };
   return &kCuda;
 }

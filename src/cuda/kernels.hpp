@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/cross_entropy_params.hpp"
+#include "core/linear_cross_entropy_params.hpp"
 #include "core/margin_problem.hpp"
 #include "core/pointwise_params.hpp"
 
@@ -20,5 +21,8 @@ void cosine_embedding_rows(const core::MarginParams& p);
 void multi_margin_rows(const core::MarginParams& p);
 void multilabel_margin_rows(const core::MarginParams& p);
 void multilabel_soft_margin_rows(const core::MarginParams& p);
+// The fused linear loss's runner (src/cuda/linear_cross_entropy.cu): row arrays in host memory (LceParams); the
+// products on cuBLAS. Throws Error(not_implemented) for vocabulary tiles and views cuBLAS cannot take, before writing.
+void linear_cross_entropy_run(const core::LceParams& p);
 
 }  // namespace lossfuse::cuda

@@ -2,6 +2,8 @@
 // loss, lse, z-loss and the gradients of x, W and b, both ways (forward with grads; forward then backward from
 // the saved lse with any upstream gradient), for every dtype, reduction and option, chunks that do not divide N,
 // whole vocabulary rows or vocabulary tiles that do not divide V; the gradient filter's documented error bound.
+#include "lossfuse/linear_cross_entropy.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,253 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "core/lce_harness.hpp"
 #include "lossfuse/gemm.hpp"
-#include "lossfuse/linear_cross_entropy.hpp"
 #include "test_util.hpp"
 
 namespace lftest {
 namespace {
 
-using lossfuse::CrossEntropyOutputs;
-using lossfuse::LinearCrossEntropyGrads;
-using lossfuse::LinearCrossEntropyOptions;
-
-// Tolerance relative to the largest reference magnitude of an output: 16-bit runs multiply the gradient of the
-// logits rounded to 16 bits (as a 16-bit autograd graph would), float32 runs accumulate H-long dot products.
-double rel_tol(DType t) {
-  switch (t) {
-    case DType::f64: return 1e-10;
-    case DType::f32: return 2e-5;
-    case DType::f16: return 4e-3;
-    default: return 2e-2;
-  }
-}
-
-::testing::AssertionResult close_rel(const std::string& what, const std::vector<double>& got,
-                                     const std::vector<double>& want, DType t) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": size " << got.size();
-  double scale = 1e-3;
-  for (double v : want) scale = std::max(scale, std::abs(v));
-  const double tol = rel_tol(t) * scale;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
-    if (!both_nan && !(std::abs(got[i] - want[i]) <= tol)) {
-      return ::testing::AssertionFailure() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
-                                           << " (tol " << tol << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-struct Case {
-  DType dt = DType::f32;
-  std::int64_t N = 7, H = 5, V = 11;
-  Reduction red = Reduction::mean;
-  bool bias = true, weight = false;
-  double eps = 0, softcap = 0, scale = 1, zls = 0;
-  std::int64_t chunk = 0;
-  bool all_ignored = false;
-  bool zero_target_weights = false;  // every kept target is one of classes 0..2, whose weights are 0
-  std::int64_t tile = 0;             // vocab_tile
-  double filter = 0;      // grad_filter
-};
-
-std::string case_name(const Case& c) {
-  return nm(c.dt) + "_" + red_name(c.red) + "_N" + std::to_string(c.N) + "_H" + std::to_string(c.H) + "_V" +
-         std::to_string(c.V) + (c.bias ? "_bias" : "") + (c.weight ? "_w" : "") + (c.eps ? "_ls" : "") +
-         (c.softcap ? "_cap" : "") + (c.scale != 1 ? "_scale" : "") + (c.zls ? "_z" : "") + "_chunk" +
-         std::to_string(c.chunk) + (c.all_ignored ? "_allignored" : "") + (c.zero_target_weights ? "_zerow" : "") +
-         (c.tile ? "_tile" + std::to_string(c.tile) : "");
-}
-
-struct Data {
-  Tensor x, w, b, t, cw;
-  std::vector<double> xv, wv, bv;
-  std::vector<std::int64_t> tv;
-};
-
-Data make_data(const Case& c, std::uint64_t seed) {
-  Rng rng(seed);
-  Data d;
-  d.x = Tensor::make(c.dt, {c.N, c.H});
-  d.w = Tensor::make(c.dt, {c.V, c.H});
-  d.b = Tensor::make(c.dt, {c.V});
-  d.t = Tensor::make(DType::i32, {c.N});
-  d.cw = Tensor::make(c.dt == DType::f64 ? DType::f64 : DType::f32, {c.V});
-  for (std::int64_t i = 0; i < c.N * c.H; ++i) d.x.set(i, rng.uniform(-1, 1));
-  for (std::int64_t i = 0; i < c.V * c.H; ++i) d.w.set(i, rng.uniform(-1, 1));
-  for (std::int64_t i = 0; i < c.V; ++i) d.b.set(i, rng.uniform(-0.5, 0.5));
-  for (std::int64_t i = 0; i < c.V; ++i) d.cw.set(i, c.zero_target_weights && i < 3 ? 0.0 : rng.uniform(0.2, 2.0));
-  const std::uint64_t classes = c.zero_target_weights ? 3 : static_cast<std::uint64_t>(c.V);
-  for (std::int64_t i = 0; i < c.N; ++i) {
-    const bool ignored = c.all_ignored || rng.uniform() < 0.2;
-    d.t.set_int(i, ignored ? -100 : static_cast<std::int64_t>(rng.next() % classes));
-  }
-  d.xv = d.x.values(), d.wv = d.w.values(), d.bv = d.b.values();
-  for (std::int64_t i = 0; i < c.N; ++i) d.tv.push_back(d.t.get_int(i));
-  return d;
-}
-
-struct Expected {
-  lfref::CeResult ce;
-  std::vector<double> logits;  // N x V, x W^T + b in float64
-  std::vector<double> dx, dw, db;
-};
-
-Expected expected(const Case& c, const Data& d, const std::vector<double>& grad_loss) {
-  lfref::CeInput in;
-  in.rows = c.N, in.C = c.V;
-  in.x.assign(static_cast<std::size_t>(c.N * c.V), 0.0);
-  for (std::int64_t r = 0; r < c.N; ++r) {
-    for (std::int64_t v = 0; v < c.V; ++v) {
-      double s = c.bias ? d.bv[v] : 0.0;
-      for (std::int64_t h = 0; h < c.H; ++h) s += d.xv[r * c.H + h] * d.wv[v * c.H + h];
-      in.x[r * c.V + v] = s;
-    }
-  }
-  in.target = d.tv;
-  if (c.weight) in.weight = d.cw.values();
-  in.reduction = c.red, in.label_smoothing = c.eps, in.softcap = c.softcap, in.logit_scale = c.scale;
-  in.z_loss_scale = c.zls, in.grad_loss = grad_loss;
-  Expected e;
-  e.ce = lfref::cross_entropy(in);
-  e.logits = in.x;
-  e.dx.assign(static_cast<std::size_t>(c.N * c.H), 0.0);
-  e.dw.assign(static_cast<std::size_t>(c.V * c.H), 0.0);
-  e.db.assign(static_cast<std::size_t>(c.V), 0.0);
-  for (std::int64_t r = 0; r < c.N; ++r) {
-    for (std::int64_t v = 0; v < c.V; ++v) {
-      const double g = e.ce.grad[r * c.V + v];
-      e.db[v] += g;
-      for (std::int64_t h = 0; h < c.H; ++h) {
-        e.dx[r * c.H + h] += g * d.wv[v * c.H + h];
-        e.dw[v * c.H + h] += g * d.xv[r * c.H + h];
-      }
-    }
-  }
-  return e;
-}
-
-LinearCrossEntropyOptions options(const Case& c, const Data& d) {
-  LinearCrossEntropyOptions o;
-  o.ce.reduction = c.red;
-  o.ce.label_smoothing = c.eps, o.ce.softcap = c.softcap, o.ce.logit_scale = c.scale, o.ce.z_loss_scale = c.zls;
-  if (c.weight) o.ce.weight = d.cw.view;
-  o.chunk_rows = c.chunk;
-  o.vocab_tile = c.tile;
-  o.grad_filter = c.filter;
-  return o;
-}
-
-DType acc_of(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
-Data case_data(const Case& c) { return make_data(c, 1234 + static_cast<std::uint64_t>(c.N * 31 + c.V)); }
-
-// The outputs of one run, and the upstream gradients it used (empty: forward with grads, upstream 1).
-struct Outputs {
-  Tensor loss, lse, zl, gx, gw, gb;
-  std::vector<double> grad_loss;
-};
-
-Outputs run_lce(const Case& c, const Data& d, bool fused) {
-  const DType acc = acc_of(c.dt);
-  const std::vector<std::int64_t> loss_shape =
-      c.red == Reduction::none ? std::vector<std::int64_t>{c.N} : std::vector<std::int64_t>{};
-  Outputs r;
-  r.loss = Tensor::make(acc, loss_shape), r.lse = Tensor::make(acc, {c.N}), r.zl = Tensor::make(acc, loss_shape);
-  r.gx = Tensor::make(c.dt, {c.N, c.H}, Layout::padded), r.gw = Tensor::make(c.dt, {c.V, c.H});
-  r.gb = Tensor::make(acc, {c.V});  // float32 bias gradient: accepted for any input dtype
-  const LinearCrossEntropyOptions o = options(c, d);
-  const std::optional<TensorView> b = c.bias ? std::optional<TensorView>(d.b.view) : std::nullopt;
-  LinearCrossEntropyGrads g{r.gx.view, r.gw.view, c.bias ? std::optional<TensorView>(r.gb.view) : std::nullopt};
-  if (fused) {
-    lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, b, d.t.view, o,
-                                           CrossEntropyOutputs{r.loss.view, r.lse.view, r.zl.view}, g);
-  } else {
-    lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, b, d.t.view, o,
-                                           CrossEntropyOutputs{r.loss.view, r.lse.view, r.zl.view});
-    Rng rng(99);
-    Tensor gl = Tensor::make(acc, loss_shape);
-    for (std::int64_t i = 0; i < gl.numel(); ++i) {
-      r.grad_loss.push_back(rng.uniform(-2, 2));
-      gl.set(i, r.grad_loss.back());
-    }
-    lossfuse::linear_cross_entropy_backward(d.x.view, d.w.view, b, d.t.view, r.lse.view, gl.view, o, g);
-  }
-  return r;
-}
-
-void run_case(const Case& c, bool fused) {
-  SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
-  const Data d = case_data(c);
-  const Outputs run = run_lce(c, d, fused);
-  const Tensor &loss = run.loss, &lse = run.lse, &zl = run.zl, &gx = run.gx, &gw = run.gw, &gb = run.gb;
-  const Expected e = expected(c, d, run.grad_loss);
-  // Logits are made from the rounded inputs in float32 (float64): the loss is as accurate as cross-entropy's.
-  const DType loss_t = c.dt == DType::f64 ? DType::f64 : DType::f32;
-  if (c.red == Reduction::none) {
-    EXPECT_TRUE(close_rel("loss", loss.values(), e.ce.row_loss, loss_t));
-    EXPECT_TRUE(close_rel("z_loss", zl.values(), e.ce.row_z, loss_t));
-  } else {
-    EXPECT_TRUE(close_rel("loss", loss.values(), {e.ce.loss}, loss_t));
-    EXPECT_TRUE(close_rel("z_loss", zl.values(), {e.ce.z}, loss_t));
-  }
-  EXPECT_TRUE(close_rel("lse", lse.values(), e.ce.lse, loss_t));
-  EXPECT_TRUE(close_rel("grad_x", gx.values(), e.dx, c.dt));
-  EXPECT_TRUE(close_rel("grad_weight", gw.values(), e.dw, c.dt));
-  if (c.bias) EXPECT_TRUE(close_rel("grad_bias", gb.values(), e.db, c.dt));
-  EXPECT_TRUE(gx.outside_untouched(0));
-}
-
-// Whole rows (tile 0) and vocabulary tiles that do not divide V (11 = 4 + 4 + 3; 301 = 4 x 64 + 45).
-std::vector<Case> cases() {
-  std::vector<Case> v;
-  for (DType t : kFloats) {
-    for (Reduction r : kReds) {
-      for (std::int64_t tile : {0, 4}) {
-        for (std::int64_t chunk : {0, 1, 3}) {
-          Case c;
-          c.dt = t, c.red = r, c.chunk = chunk, c.tile = tile;
-          v.push_back(c);
-          c.weight = true, c.eps = 0.1, c.bias = false;
-          v.push_back(c);
-          c.softcap = 4.0, c.scale = 0.7, c.zls = 0.01, c.bias = true;
-          v.push_back(c);
-        }
-        Case big;
-        big.dt = t, big.red = r, big.N = 37, big.H = 24, big.V = 301, big.weight = true, big.eps = 0.05;
-        big.chunk = 5, big.tile = tile ? 64 : 0;
-        v.push_back(big);
-        Case ign = big;
-        ign.all_ignored = true, ign.N = 6, ign.chunk = 4;
-        v.push_back(ign);
-        // rows remain but their target weights sum to 0: 'mean' is NaN, and so are the gradients (torch's), with
-        // and without label smoothing (which alone would make the sum over 0 infinite)
-        for (double eps : {0.0, 0.05}) {
-          Case zw = big;
-          zw.zero_target_weights = true, zw.N = 8, zw.chunk = 3, zw.eps = eps;
-          v.push_back(zw);
-        }
-        // A wider vocabulary: V = 1100, whole rows or tiles of 700 and 400 (the vector row kernels' tails).
-        Case wide;
-        wide.dt = t, wide.red = r, wide.N = 9, wide.H = 16, wide.V = 1100, wide.chunk = 4, wide.tile = tile ? 700 : 0;
-        v.push_back(wide);
-      }
-      // Tiles of one class, one tile of exactly V, one wider than V; every option at once.
-      for (std::int64_t tile : {1, 11, 50}) {
-        Case c;
-        c.dt = t, c.red = r, c.chunk = 2, c.tile = tile, c.weight = true, c.eps = 0.2, c.softcap = 3.0;
-        c.scale = -1.3, c.zls = 0.02;
-        v.push_back(c);
-        // a negative scale with no soft-cap: a tile's padded lanes (-inf) must not enter its max as +inf
-        // (fuzz/linear_cross_entropy_fuzz.cpp found lse NaN)
-        c.softcap = 0.0;
-        v.push_back(c);
-      }
-    }
-  }
-  return v;
-}
+using namespace lce;
 
 class LinearCe : public ::testing::TestWithParam<Case> {};
 
@@ -454,8 +217,7 @@ TEST(LinearCeFilter, LargeCommonOffsetKeepsTilesAtTheThreshold) {
           Tensor lse64 = Tensor::make(DType::f64, {1});
           lossfuse::linear_cross_entropy_forward(x.view, w.view, std::nullopt, t.view, o,
                                                  CrossEntropyOutputs{loss.view, lse64.view, std::nullopt});
-          lossfuse::linear_cross_entropy_backward(x.view, w.view, std::nullopt, t.view, lse64.view, std::nullopt, o,
-                                                  g);
+          lossfuse::linear_cross_entropy_backward(x.view, w.view, std::nullopt, t.view, lse64.view, std::nullopt, o, g);
         }
         EXPECT_NEAR(gw.get(0), -0.5, 1e-6);
         EXPECT_NEAR(gw.get(1), 0.5, 1e-6);
@@ -471,7 +233,7 @@ TEST(LinearCeFilter, ThresholdThatDropsNothingEqualsUnfilteredExactly) {
       Case c;
       c.dt = t, c.tile = 4, c.chunk = 3, c.weight = true, c.eps = 0.1, c.zls = 0.01;
       SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
-      const Data d = case_data(c);
+      Data d = case_data(c);
       const Outputs off = run_lce(c, d, fused);
       c.filter = 1e-30;
       const Outputs tiny = run_lce(c, d, fused);
@@ -502,7 +264,7 @@ TEST_P(LinearCeFilterBound, ErrorWithinDocumentedBound) {
   Case c;
   c.dt = fc.dt, c.red = fc.red, c.N = 23, c.H = 8, c.V = 97, c.tile = 8, c.chunk = 5;
   c.eps = fc.eps, c.softcap = fc.softcap, c.scale = fc.scale, c.zls = fc.zls, c.weight = fc.weight;
-  const Data d = case_data(c);
+  Data d = case_data(c);
   const Outputs off = run_lce(c, d, false);
   const Expected e = expected(c, d, off.grad_loss);
   // Per row: a_r and the softmax q_rc of the reference.
@@ -644,20 +406,37 @@ TEST(LinearCeErrors, NothingWrittenAndArgumentNamed) {
   const Case c;
   const std::vector<BadCase> bad = {
       {"target out of range", [](Data& d, auto&, auto&) { d.t.set_int(3, 11); }, ErrorCode::index_error, "target"},
-      {"H mismatch", [](Data& d, auto&, auto&) { d.w = Tensor::make(DType::f32, {11, 4}); }, ErrorCode::shape_mismatch,
-       "weight"},
-      {"dtype mix", [](Data& d, auto&, auto&) { d.w = Tensor::make(DType::bf16, {11, 5}); }, ErrorCode::dtype_mismatch,
-       "weight"},
-      {"bias shape", [](Data&, auto& b, auto&) { static Tensor t = Tensor::make(DType::f32, {10}); b = t.view; },
+      {"H mismatch",
+       [](Data& d, auto&, auto&) {
+         d.w = Tensor::make(DType::f32, {11, 4});
+       },
+       ErrorCode::shape_mismatch, "weight"},
+      {"dtype mix",
+       [](Data& d, auto&, auto&) {
+         d.w = Tensor::make(DType::bf16, {11, 5});
+       },
+       ErrorCode::dtype_mismatch, "weight"},
+      {"bias shape",
+       [](Data&, auto& b, auto&) {
+         static Tensor t = Tensor::make(DType::f32, {10});
+         b = t.view;
+       },
        ErrorCode::shape_mismatch, "bias"},
       {"float target", [](Data& d, auto&, auto&) { d.t = Tensor::make(DType::f32, {7}); }, ErrorCode::dtype_mismatch,
        "target"},
       {"label smoothing", [](Data&, auto&, auto& o) { o.ce.label_smoothing = 2; }, ErrorCode::invalid_value,
        "label_smoothing"},
       // the class weights by this API's name for them ("weight" is W here)
-      {"class weight shape", [](Data&, auto&, auto& o) { static Tensor t = Tensor::make(DType::f32, {3}); o.ce.weight = t.view; },
+      {"class weight shape",
+       [](Data&, auto&, auto& o) {
+         static Tensor t = Tensor::make(DType::f32, {3});
+         o.ce.weight = t.view;
+       },
        ErrorCode::shape_mismatch, "class_weight"},
-      {"no classes", [](Data& d, auto& b, auto&) { d.w = Tensor::make(DType::f32, {0, 5}), b.reset(); },
+      {"no classes",
+       [](Data& d, auto& b, auto&) {
+         d.w = Tensor::make(DType::f32, {0, 5}), b.reset();
+       },
        ErrorCode::shape_mismatch, "weight"},
       {"softcap float32 cannot hold", [](Data&, auto&, auto& o) { o.ce.softcap = 1e39; }, ErrorCode::invalid_value,
        "softcap"},
@@ -766,7 +545,8 @@ TEST(LinearCeHook, HookRunsEveryProductOrDeclines) {
   Case c;
   c.chunk = 3;  // 3 chunks of 7 rows: logits, dx and dW per chunk
   const Data d = make_data(c, 11);
-  Tensor loss = Tensor::make(DType::f32, {}), gx = Tensor::make(DType::f32, {7, 5}), gw = Tensor::make(DType::f32, {11, 5});
+  Tensor loss = Tensor::make(DType::f32, {}), gx = Tensor::make(DType::f32, {7, 5}),
+         gw = Tensor::make(DType::f32, {11, 5});
   lossfuse::set_gemm_hook(&counting_hook);
   g_calls = 0;
   lossfuse::linear_cross_entropy_forward(d.x.view, d.w.view, d.b.view, d.t.view, options(c, d),

@@ -1,0 +1,147 @@
+// linear_cross_entropy_* on CUDA tensors against the float64 reference: the CPU suite's whole-row cases
+// (tests/core/lce_harness.hpp) run through device copies of every operand, both ways, plus what only the device
+// runner has: cuBLAS-sized products (chunks of auto and odd sizes), dx and dW written straight or through their
+// float32 buffers (strided gradients), an empty batch, vocabulary tiles and bad targets refused with nothing written,
+// and bitwise-repeatable results. Without a CUDA device every test is skipped (main exits 77).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/lce_harness.hpp"
+#include "cuda/cuda_memory.hpp"
+
+namespace lftest {
+namespace {
+
+using namespace lce;
+
+std::vector<Case> whole_row_cases() {
+  std::vector<Case> v;
+  for (const Case& c : cases()) {
+    if (c.tile == 0) v.push_back(c);
+  }
+  // Products of a size cuBLAS picks real kernels for: one chunk (auto) and chunks that do not divide N.
+  for (DType t : kFloats) {
+    for (std::int64_t chunk : {0, 97}) {
+      Case c;
+      c.dt = t, c.N = 300, c.H = 96, c.V = 5003, c.chunk = chunk, c.weight = true, c.eps = 0.05, c.zls = 0.001;
+      v.push_back(c);
+    }
+  }
+  return v;
+}
+
+class LinearCeCuda : public ::testing::TestWithParam<Case> {};
+TEST_P(LinearCeCuda, ForwardWithGradsMatchesReference) { run_case(GetParam(), true, &kCuda); }
+TEST_P(LinearCeCuda, BackwardFromLseMatchesReference) { run_case(GetParam(), false, &kCuda); }
+INSTANTIATE_TEST_SUITE_P(WholeRows, LinearCeCuda, ::testing::ValuesIn(whole_row_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+// dW in a transposed (non-unit inner stride) view and dx transposed: both go through float32 buffers, then stored.
+TEST(LinearCeCudaEdge, StridedGradientsThroughBuffers) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (bool fused : {true, false}) {
+      Case c;
+      c.dt = t, c.N = 19, c.H = 12, c.V = 37, c.chunk = 5, c.weight = true, c.eps = 0.1;
+      SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
+      Data d = case_data(c);
+      const DType acc = acc_of(t);
+      Tensor loss = Tensor::make(acc, {}), lse = Tensor::make(acc, {c.N});
+      Tensor gx = Tensor::make(t, {c.N, c.H}, Layout::transposed), gw = Tensor::make(t, {c.V, c.H}, Layout::transposed);
+      Tensor gb = Tensor::make(t, {c.V}, Layout::padded);
+      Tensor gl = Tensor::make(acc, {});
+      gl.set(0, 1.0);
+      {
+        Mirror m(&kCuda);
+        LinearCrossEntropyOptions o = options(c, d);
+        o.ce.weight = m(d.cw);
+        const LinearCrossEntropyGrads g{m(gx), m(gw), m(gb)};
+        const CrossEntropyOutputs out{m(loss), m(lse), std::nullopt};
+        if (fused) {
+          lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out, g);
+        } else {
+          lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out);
+          lossfuse::linear_cross_entropy_backward(m(d.x), m(d.w), m(d.b), m(d.t), m(lse), m(gl), o, g);
+        }
+        m.download();
+      }
+      const Expected e = expected(c, d, {});
+      EXPECT_TRUE(close_rel("loss", loss.values(), {e.ce.loss}, acc));
+      EXPECT_TRUE(close_rel("grad_x", gx.values(), e.dx, t));
+      EXPECT_TRUE(close_rel("grad_weight", gw.values(), e.dw, t));
+      EXPECT_TRUE(close_rel("grad_bias", gb.values(), e.db, t));
+      EXPECT_TRUE(gb.outside_untouched(0));
+    }
+  }
+}
+
+TEST(LinearCeCudaEdge, EmptyBatchGivesNanMeanAndZeroGradients) {
+  Case c;
+  c.N = 0;
+  Data d = make_data(c, 5);
+  Tensor loss = Tensor::make(DType::f32, {});
+  Tensor gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
+  Tensor gb = Tensor::make(DType::f32, {c.V}, Layout::contiguous, kSentinel);
+  Mirror m(&kCuda);
+  lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), options(c, d),
+                                         CrossEntropyOutputs{m(loss), std::nullopt, std::nullopt},
+                                         LinearCrossEntropyGrads{std::nullopt, m(gw), m(gb)});
+  m.download();
+  EXPECT_TRUE(std::isnan(loss.get(0)));
+  for (double v : gw.values()) EXPECT_EQ(v, 0.0);
+  for (double v : gb.values()) EXPECT_EQ(v, 0.0);
+}
+
+// Refused before anything is written: vocabulary tiles (not served on CUDA) and a class index out of range (named
+// with its position and value, as on the CPU).
+TEST(LinearCeCudaErrors, TilesAndBadTargetsWriteNothing) {
+  for (int which = 0; which < 2; ++which) {
+    Case c;
+    c.dt = DType::bf16;
+    Data d = case_data(c);
+    if (which == 1) d.t.set_int(4, 11);
+    LinearCrossEntropyOptions o = options(c, d);
+    if (which == 0) o.vocab_tile = 4;
+    Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
+    Tensor gx = Tensor::make(c.dt, {c.N, c.H}, Layout::contiguous, kSentinel);
+    const auto sentinel_loss = loss.storage, sentinel_gx = gx.storage;
+    Mirror m(&kCuda);
+    try {
+      lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o,
+                                             CrossEntropyOutputs{m(loss), std::nullopt, std::nullopt},
+                                             LinearCrossEntropyGrads{m(gx), std::nullopt, std::nullopt});
+      ADD_FAILURE() << "no error";
+    } catch (const lossfuse::Error& e) {
+      if (which == 0) {
+        EXPECT_EQ(e.code(), lossfuse::ErrorCode::not_implemented) << e.what();
+        EXPECT_EQ(e.argument(), "vocab_tile") << e.what();
+      } else {
+        EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error) << e.what();
+        EXPECT_NE(std::string(e.what()).find("[4]"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("11"), std::string::npos) << e.what();
+      }
+    }
+    m.download();
+    EXPECT_TRUE(loss.storage == sentinel_loss) << "loss written despite the error";
+    EXPECT_TRUE(gx.storage == sentinel_gx) << "grad_x written despite the error";
+  }
+}
+
+// No floating-point atomics: two runs give the same bits, both ways.
+TEST(LinearCeCudaDeterminism, RepeatsBitwise) {
+  Case c;
+  c.dt = DType::bf16, c.N = 300, c.H = 96, c.V = 5003, c.chunk = 97, c.weight = true, c.eps = 0.05;
+  for (bool fused : {true, false}) {
+    Data d = case_data(c);
+    const Outputs a = run_lce(c, d, fused, &kCuda), b = run_lce(c, d, fused, &kCuda);
+    EXPECT_TRUE(a.loss.storage == b.loss.storage && a.lse.storage == b.lse.storage);
+    EXPECT_TRUE(a.gx.storage == b.gx.storage && a.gw.storage == b.gw.storage && a.gb.storage == b.gb.storage);
+  }
+}
+
+}  // namespace
+}  // namespace lftest
+
+int main(int argc, char** argv) { return lftest::run_cuda_tests(argc, argv); }
