@@ -2,13 +2,13 @@
 # The one command that verifies and measures lossfuse's CUDA backend on a machine with an NVIDIA GPU.
 # Usage: scripts/gpu_check.sh OUT_DIR. Writes OUT_DIR/gpu_check.log and the CSVs cuda_bench.csv (lossfuse and the
 # device's read / copy probes) and torch_bench.csv (torch eager and compiled at the same shapes).
-# Steps: the CUDA C++ tests (every cross-entropy / NLL, elementwise, margin and whole-row fused linear case of the CPU
-# suite on device tensors, against the float64 reference), compute-sanitizer memcheck and racecheck on subsets, the benches, then the torch
-# extension built with its CUDA route (against this machine's torch, Highway from .gpu/hwy) and its CUDA tests
-# (python/tests/test_cuda.py). Executables come from .gpu/bin when scripts/gpu_build.sh made them elsewhere (machines
-# without Highway / GoogleTest), else are built here. Exit status: the number of failed steps.
-# The steps' limits add up to more than one device session's time; a first pass on a new machine can run
-#   GPU_CHECK_ONLY='^(build|cuda (pointwise|margin|linear) tests|memcheck (pointwise|margin|linear)|racecheck margin)$' \
+# Steps: the CUDA C++ tests (every cross-entropy / NLL, elementwise, margin, CTC and whole-row fused linear case of the
+# CPU suite on device tensors, against the float64 reference), compute-sanitizer memcheck and racecheck on subsets,
+# the benches, then the torch extension built with its CUDA route (against this machine's torch, Highway from
+# .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py). Executables come from .gpu/bin when scripts/gpu_build.sh
+# made them elsewhere (machines without Highway / GoogleTest), else are built here. Exit status: the number of failed
+# steps. The steps' limits add up to more than one device session's time; a first pass on a new machine can run
+#   GPU_CHECK_ONLY='^(build|cuda (pointwise|margin|ctc|linear) tests|memcheck (pointwise|margin|ctc|linear))$' \
 #     scripts/gpu_check.sh OUT
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -38,9 +38,10 @@ else
   step build 600 bash -c 'cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOSSFUSE_ONEDNN=OFF \
       -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null &&
     cmake --build build/gpu -j "$(nproc)" --target test_cross_entropy_cuda_test test_pointwise_cuda_test \
-      test_margin_cuda_test test_linear_cross_entropy_cuda_test lossfuse_cuda_bench'
+      test_margin_cuda_test test_ctc_cuda_test test_linear_cross_entropy_cuda_test lossfuse_cuda_bench'
   mkdir -p build/gpu/bin && cp build/gpu/tests/test_cross_entropy_cuda_test build/gpu/tests/test_pointwise_cuda_test \
-    build/gpu/tests/test_margin_cuda_test build/gpu/tests/test_linear_cross_entropy_cuda_test \
+    build/gpu/tests/test_margin_cuda_test build/gpu/tests/test_ctc_cuda_test \
+    build/gpu/tests/test_linear_cross_entropy_cuda_test \
     build/gpu/lossfuse_cuda_bench build/gpu/bin/
   bin=build/gpu/bin
 fi
@@ -48,6 +49,7 @@ fi
 step "cuda tests" 300 "$bin/test_cross_entropy_cuda_test" --gtest_brief=1
 step "cuda pointwise tests" 240 "$bin/test_pointwise_cuda_test" --gtest_brief=1
 step "cuda margin tests" 240 "$bin/test_margin_cuda_test" --gtest_brief=1
+step "cuda ctc tests" 240 "$bin/test_ctc_cuda_test" --gtest_brief=1
 step "cuda linear tests" 240 "$bin/test_linear_cross_entropy_cuda_test" --gtest_brief=1
 sub='Options/*f32_mean*:*Errors*:TargetDtypes/*i8*'
 step "memcheck" 240 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
@@ -58,6 +60,10 @@ step "memcheck margin" 180 compute-sanitizer --tool memcheck --error-exitcode 1 
   "$bin/test_margin_cuda_test" --gtest_brief=1 --gtest_filter='Layouts/*:Edge/*f32*:LongRows/*f32*:*Errors*'
 step "memcheck linear" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
   "$bin/test_linear_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter='*f32_mean_N7*:*Edge*:*Errors*'
+step "memcheck ctc" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+  "$bin/test_ctc_cuda_test" --gtest_brief=1 --gtest_filter='*Empty*:*Bad*:*IntegerDtypes*'
+step "racecheck ctc" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+  "$bin/test_ctc_cuda_test" --gtest_brief=1 --gtest_filter='*DtypesReductions*:*Repeats*'
 step "racecheck margin" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
   "$bin/test_margin_cuda_test" --gtest_brief=1 --gtest_filter='Layouts/*:LongRows/*bf16*:*Determinism*'
 step "racecheck" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \

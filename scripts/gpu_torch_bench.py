@@ -1,6 +1,8 @@
 """torch's own cross-entropy on CUDA at the shapes of lossfuse_cuda_bench: eager forward, eager forward+backward and
-torch.compile forward+backward (median of timed calls, triton.testing.do_bench). Writes CSV rows in the bench's
-format (pct_of_probe left empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
+torch.compile forward+backward (median of timed calls, triton.testing.do_bench); and its ctc_loss forward+backward at
+the bench's CTC shapes, native and cuDNN (whose conditions: float32, blank 0, concatenated int32 targets and int32
+lengths on the CPU, every input length T, labels <= 256). Writes CSV rows in the bench's format (pct_of_probe left
+empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
 import csv
 import sys
 
@@ -12,6 +14,31 @@ SHAPES = [(32, 32000, torch.float32), (128, 32000, torch.float32), (32, 50257, t
           (4096, 32000, torch.float32), (4096, 32000, torch.bfloat16), (8192, 32000, torch.bfloat16),
           (8192, 128256, torch.bfloat16), (16384, 131072, torch.bfloat16), (8192, 128256, torch.float32)]
 COMPILED = {(8192, 32000, torch.bfloat16), (8192, 128256, torch.bfloat16), (16384, 131072, torch.bfloat16)}
+CTC_SHAPES = [(200, 32, 64, 50), (1000, 64, 5000, 200)]  # (T, N, C, S), as lossfuse_cuda_bench
+
+
+def ctc_rows():
+    rows = []
+    for T, N, C, S in CTC_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        lp = torch.randn(T, N, C, device="cuda", generator=gen).log_softmax(2).requires_grad_(True)
+        targets = torch.randint(1, C, (N * S,), dtype=torch.int32, generator=torch.Generator().manual_seed(2))
+        il = torch.full((N,), T, dtype=torch.int32)
+        tl = torch.full((N,), S, dtype=torch.int32)
+
+        def step(cudnn):
+            lp.grad = None
+            with torch.backends.cudnn.flags(enabled=cudnn):
+                t = targets if cudnn else targets.to("cuda", torch.int64)
+                F.ctc_loss(lp, t, il, tl, reduction="sum").backward()
+
+        for mode, cudnn in (("torch_native_forward_backward", False), ("torch_cudnn_forward_backward", True)):
+            ms = do_bench(lambda: step(cudnn), warmup=10, rep=200, return_mode="median")
+            moved = 2 * lp.numel() * lp.element_size()
+            rows.append(["ctc", N, C, "f32", f"{mode}_T{T}_S{S}", f"{ms * 1e3:.1f}", moved, f"{moved / ms / 1e6:.1f}",
+                         ""])
+            print(",".join(map(str, rows[-1])), flush=True)
+    return rows
 
 
 def fwd_bwd(x, t):
@@ -42,6 +69,7 @@ def main(path):
             print(",".join(map(str, rows[-1])), flush=True)
         del x, t
         torch.cuda.empty_cache()
+    rows += ctc_rows()
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows(rows)
 

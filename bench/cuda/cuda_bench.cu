@@ -1,4 +1,4 @@
-// lossfuse CUDA bench: cross-entropy and the five margin losses through the public C++ API on device tensors, against
+// lossfuse CUDA bench: cross-entropy, the five margin losses and CTC through the public C++ API on device tensors, against
 // the device's own read-only and copy probes; the fused linear loss against its three GEMMs alone on cuBLAS (a table
 // of its own at the CSV's end: time per call, TFLOP/s of the 6 N H V flops, and the time over the GEMMs'). Prints one
 // CSV row per (loss, shape, dtype, mode): the median time per call over timed repetitions (CUDA events around the whole
@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "lossfuse/cross_entropy.hpp"
+#include "lossfuse/ctc.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/linear_cross_entropy.hpp"
 #include "lossfuse/loss_kind.hpp"
@@ -195,6 +197,60 @@ void bench_margin(FILE* csv, double read_gbs, double copy_gbs) {
 
 }  // namespace
 
+// CTC at (T, N, C, S) = (200, 32, 64, 50) and (1000, 64, 5000, 200) float32, padded int64 targets of S labels, every
+// input length T, 'sum': the forward, and the forward (keeping log_alpha) then the backward, as a training step runs
+// them. Bytes: log_probs read (forward), and its gradient written (forward_backward).
+void bench_ctc(FILE* csv, double read_gbs, double copy_gbs) {
+  struct Shape {
+    std::int64_t T, N, C, S;
+  };
+  for (const Shape s : {Shape{200, 32, 64, 50}, Shape{1000, 64, 5000, 200}}) {
+    const std::int64_t elems = s.T * s.N * s.C, L = 2 * s.S + 1;
+    void *lp = nullptr, *grad = nullptr, *alpha = nullptr, *t = nullptr, *il = nullptr, *tl = nullptr, *loss = nullptr;
+    ok(cudaMalloc(&lp, elems * 4), "malloc");
+    ok(cudaMalloc(&grad, elems * 4), "malloc");
+    ok(cudaMalloc(&alpha, s.T * s.N * L * 4), "malloc");
+    ok(cudaMalloc(&t, s.N * s.S * 8), "malloc");
+    ok(cudaMalloc(&il, s.N * 8), "malloc");
+    ok(cudaMalloc(&tl, s.N * 8), "malloc");
+    ok(cudaMalloc(&loss, 8), "malloc");
+    // log-probabilities of a near-uniform distribution: random values in [-2, 2) shifted by -log C
+    std::vector<float> host(static_cast<std::size_t>(elems));
+    std::mt19937_64 rng(4);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    for (float& v : host) v = u(rng) - std::log(static_cast<float>(s.C));
+    ok(cudaMemcpy(lp, host.data(), elems * 4, cudaMemcpyHostToDevice), "copy");
+    std::vector<std::int64_t> labels(static_cast<std::size_t>(s.N * s.S)), ilv(s.N, s.T), tlv(s.N, s.S);
+    for (auto& v : labels) v = 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(s.C - 1));
+    ok(cudaMemcpy(t, labels.data(), labels.size() * 8, cudaMemcpyHostToDevice), "copy");
+    ok(cudaMemcpy(il, ilv.data(), s.N * 8, cudaMemcpyHostToDevice), "copy");
+    ok(cudaMemcpy(tl, tlv.data(), s.N * 8, cudaMemcpyHostToDevice), "copy");
+    const auto dev = lossfuse::Device::cuda;
+    const TensorView lpv = TensorView::contiguous(lp, DType::f32, {s.T, s.N, s.C}, dev);
+    const TensorView gv = TensorView::contiguous(grad, DType::f32, {s.T, s.N, s.C}, dev);
+    const TensorView av = TensorView::contiguous(alpha, DType::f32, {s.T, s.N, L}, dev);
+    const TensorView tv = TensorView::contiguous(t, DType::i64, {s.N, s.S}, dev);
+    const TensorView ilw = TensorView::contiguous(il, DType::i64, {s.N}, dev);
+    const TensorView tlw = TensorView::contiguous(tl, DType::i64, {s.N}, dev);
+    lossfuse::CtcOptions o;
+    o.reduction = lossfuse::Reduction::sum;
+    const lossfuse::CtcOutputs fwd{TensorView::contiguous(loss, DType::f32, {}, dev), std::nullopt, std::nullopt};
+    const lossfuse::CtcOutputs kept{fwd.loss, std::nullopt, av};
+    const double fwd_ms = median_ms([&] { lossfuse::ctc_forward(lpv, tv, ilw, tlw, o, fwd); }, 10);
+    const double step_ms = median_ms(
+        [&] {
+          lossfuse::ctc_forward(lpv, tv, ilw, tlw, o, kept);
+          lossfuse::ctc_backward(lpv, tv, ilw, tlw, std::nullopt, o, gv, av);
+        },
+        10);
+    const std::string tag = "_T" + std::to_string(s.T) + "_S" + std::to_string(s.S);
+    const double bytes = static_cast<double>(elems) * 4;
+    emit_row(csv, "ctc", s.N, s.C, DType::f32, ("forward" + tag).c_str(), fwd_ms, bytes, read_gbs);
+    emit_row(csv, "ctc", s.N, s.C, DType::f32, ("forward_backward" + tag).c_str(), step_ms, 2 * bytes, copy_gbs);
+    for (void* p : {lp, grad, alpha, t, il, tl, loss}) ok(cudaFree(p), "free");
+  }
+}
+
 // The fused linear loss at (N, H, V) bfloat16, forward with dx and dW (bfloat16) for the mean, against the same three
 // products run alone on cuBLAS over the whole batch (logits in float32; dx and dW from a bfloat16 gradient): the
 // floor a chunked loss approaches.
@@ -360,6 +416,7 @@ int main(int argc, char** argv) {
     for (void* p : {x, g, t, loss, lse}) ok(cudaFree(p), "free");
   }
   if (only.empty()) bench_margin(csv, read_gbs, copy_gbs);
+  if (only.empty()) bench_ctc(csv, read_gbs, copy_gbs);
   if (only.empty()) bench_linear(csv);
   if (csv) std::fclose(csv);
   return 0;

@@ -35,8 +35,8 @@ CtcOptions ctc_options(std::int64_t blank, std::int64_t red, bool zero_infinity)
 bool is_batched(const at::Tensor& log_probs) { return log_probs.dim() == 3; }
 
 // The shape of log_alpha, (T, N, 2 S_max + 1) or unbatched (T, 2 S + 1). S_max is the padded targets' width, or
-// for concatenated targets the largest target length (read here: the lengths are on the CPU, so this is a plain
-// memory read, not a device sync). Clamped to [0, number of targets] so that a bad length the core is about to
+// for concatenated targets the largest target length (read here: a plain memory read for lengths on the CPU, a
+// device read-back for CUDA ones). Clamped to [0, number of targets] so that a bad length the core is about to
 // report cannot make this allocation fail first; for inputs of the wrong rank the core reports the rank before it
 // looks at log_alpha, so any shape does.
 std::vector<std::int64_t> alpha_shape(const at::Tensor& log_probs, const at::Tensor& targets,
@@ -45,7 +45,7 @@ std::vector<std::int64_t> alpha_shape(const at::Tensor& log_probs, const at::Ten
   std::int64_t s = targets.dim() >= 1 ? targets.size(-1) : 0;
   if (is_batched(log_probs) && targets.dim() == 1) {
     s = 0;
-    if (target_lengths.numel() > 0 && target_lengths.device().is_cpu() && !target_lengths.is_complex()) {
+    if (target_lengths.numel() > 0 && !target_lengths.is_complex()) {
       s = std::clamp<std::int64_t>(target_lengths.max().item<std::int64_t>(), 0, targets.size(0));
     }
   }
@@ -62,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor> ctc_loss(const at::Tensor& log_probs, const a
   at::Tensor loss = new_loss(log_probs, rows, red);
   at::Tensor log_alpha =
       save_log_alpha ? new_acc(log_probs, alpha_shape(log_probs, targets, target_lengths)) : new_acc(log_probs, {0});
+  const DeviceCall call(log_probs);
   ctc_guarded([&] {
     CtcOutputs out{output_view(loss, "loss"), std::nullopt, std::nullopt};
     if (save_log_alpha) out.log_alpha = output_view(log_alpha, "log_alpha");
@@ -82,6 +83,7 @@ at::Tensor ctc_loss_backward(const at::Tensor& grad_output, const at::Tensor& lo
                              const std::optional<at::Tensor>& log_alpha, std::int64_t blank, std::int64_t red,
                              bool zero_infinity) {
   at::Tensor grad = new_grad(log_probs, true);
+  const DeviceCall call(log_probs);
   ctc_guarded([&] {
     ctc_backward(view(log_probs, "log_probs"), view(targets, "targets"), view(input_lengths, "input_lengths"),
                  view(target_lengths, "target_lengths"), view(grad_output, "grad_output"),
@@ -102,8 +104,15 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "Tensor target_lengths, Tensor? log_alpha, int blank, int reduction, bool zero_infinity) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(lossfuse, CPU, m) {
-  using namespace lossfuse::torch_binding;
+namespace lossfuse::torch_binding {
+namespace {
+
+void register_kernels(torch::Library& m) {
   m.impl("ctc_loss", &ctc_loss);
   m.impl("ctc_loss_backward", &ctc_loss_backward);
 }
+
+}  // namespace
+}  // namespace lossfuse::torch_binding
+
+LOSSFUSE_DEVICE_KERNELS(lossfuse::torch_binding::register_kernels)

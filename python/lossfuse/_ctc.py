@@ -118,6 +118,8 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
     (log_probs,) = autocast_float32(log_probs)
     if targets.is_floating_point() or targets.dtype == torch.bool:
         targets = targets.long()
+    if targets.device != log_probs.device:  # torch takes CPU targets with CUDA log_probs; the kernels read them there
+        targets = targets.to(log_probs.device)
     input_lengths = _lengths(input_lengths, "input_lengths", log_probs)
     target_lengths = _lengths(target_lengths, "target_lengths", log_probs)
     save_log_alpha = log_probs.requires_grad and torch.is_grad_enabled()

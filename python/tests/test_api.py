@@ -678,14 +678,14 @@ def test_catalog_lists_every_loss_of_the_functional_api():
             directions = {e.direction for e in entries if e.loss == loss and e.dtype == dtype and e.device == "cpu"}
             fused = {"forward_backward"} if loss in ("cross_entropy", "linear_cross_entropy") else set()
             assert directions == {"forward", "backward"} | fused, (loss, dtype)
-    # CUDA kernels: every loss but CTC, in a build that found nvcc
-    assert {e.loss for e in entries if e.device == "cuda"} in (set(), set(CATALOG_FUNCTIONS) - {"ctc"})
+    # CUDA kernels: every loss, in a build that found nvcc
+    assert {e.loss for e in entries if e.device == "cuda"} in (set(), set(CATALOG_FUNCTIONS))
     assert entries[0] == lossfuse.CatalogEntry("cross_entropy", "float32", "cpu", "forward")
 
 
 def test_patch_serves_cuda_only_where_the_build_has_cuda_kernels():
     """patch_torch sends a loss's CUDA calls to lossfuse only where the catalog lists CUDA kernels for it and the
-    binding has its CUDA route (every loss but CTC, in a build with both); CTC's stay with torch."""
+    binding has its CUDA route (every loss, in a build with both)."""
     cuda_route = torch.ops.lossfuse._has_cuda()
     with_kernels = {e.loss for e in lossfuse.catalog() if e.device == "cuda"}
     for loss, name in CATALOG_FUNCTIONS.items():
@@ -693,4 +693,3 @@ def test_patch_serves_cuda_only_where_the_build_has_cuda_kernels():
         served = lossfuse._patch.devices(name)
         assert {"cpu", "meta"} <= set(served), name
         assert ("cuda" in served) == (cuda_route and loss in with_kernels), name
-    assert "cuda" not in lossfuse._patch.devices("ctc_loss")

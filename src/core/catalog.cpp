@@ -25,7 +25,7 @@ struct Family {
 constexpr Family kFamilies[] = {
     {LossKind::cross_entropy, true, true},
     {LossKind::nll, false, true},
-    {LossKind::ctc, false, false},
+    {LossKind::ctc, false, true},
     {LossKind::mse, false, true},
     {LossKind::l1, false, true},
     {LossKind::smooth_l1, false, true},

@@ -1,10 +1,12 @@
 // CTC entries: every check (shapes, dtypes, lengths, labels, overlap) before anything is written, then the
-// plain parameters, the CPU kernel, and the reduction of the per-sample losses in sample order.
+// plain parameters, the backend's kernel, and the reduction of the per-sample losses in sample order. Lengths and
+// labels are read on the host (through host copies of device operands): a bad one is named before any kernel runs.
 #include "lossfuse/ctc.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@ struct CtcProblem {
   DType acc = DType::f32;
   std::vector<std::int64_t> il, tl, offset, start;  // start: index of sample b's first label (concatenated)
   std::int64_t target_stride = 1;
+  Device device = Device::cpu;  // log_probs': every operand and output lives there (the lengths also on the host)
 };
 
 std::string str(std::int64_t v) { return std::to_string(v); }
@@ -35,9 +38,10 @@ void check_integer(const TensorView& t, std::string_view name) {
   }
 }
 
-// A length tensor: (N) when batched, one element (0-d or (1)) when not; returns its values.
+// A length tensor: (N) when batched, one element (0-d or (1)) when not, on the host or log_probs' device; returns
+// its values.
 std::vector<std::int64_t> read_lengths(const TensorView& t, std::string_view name, const CtcProblem& pb) {
-  core::check_view(t, name);
+  core::check_view(t, name, t.device == Device::cpu ? Device::cpu : pb.device);
   check_integer(t, name);
   if (pb.batched) {
     if (t.ndim != 1 || t.shape[0] != pb.N) {
@@ -50,7 +54,8 @@ std::vector<std::int64_t> read_lengths(const TensorView& t, std::string_view nam
   }
   std::vector<std::int64_t> v(static_cast<std::size_t>(pb.N));
   const std::int64_t stride = t.ndim == 1 ? t.strides[0] : 0;
-  for (std::int64_t b = 0; b < pb.N; ++b) v[b] = core::read_target(t.data, t.dtype, b * stride);
+  const core::HostCopy host(t);
+  for (std::int64_t b = 0; b < pb.N; ++b) v[b] = core::read_target(host.view().data, t.dtype, b * stride);
   return v;
 }
 
@@ -58,7 +63,8 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
                          const TensorView& target_lengths, const CtcOptions& o) {
   CtcProblem pb;
   core::check_reduction(o.reduction);
-  core::check_view(lp, "log_probs");
+  pb.device = lp.device;
+  core::check_view(lp, "log_probs", pb.device);
   core::check_floating(lp, "log_probs");
   if (lp.ndim != 3 && lp.ndim != 2) {
     throw Error(ErrorCode::shape_mismatch, "log_probs", "(T, N, C) or unbatched (T, C)", "shape " + lp.shape_string());
@@ -72,7 +78,7 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
     throw Error(ErrorCode::invalid_value, "blank", "a class in [0, " + str(pb.C) + ") (C of log_probs)", str(o.blank));
   }
 
-  core::check_view(targets, "targets");
+  core::check_view(targets, "targets", pb.device);
   check_integer(targets, "targets");
   if (pb.batched) {
     if (targets.ndim == 2) {
@@ -154,9 +160,10 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
   pb.L = 2 * pb.S + 1;
 
   // Every used label in [0, C) and not blank: the first bad one is reported, in sample order.
+  const core::HostCopy labels(targets);
   for (std::int64_t b = 0; b < pb.N; ++b) {
     for (std::int64_t s = 0; s < pb.tl[b]; ++s) {
-      const std::int64_t v = core::read_target(targets.data, targets.dtype, pb.offset[b] + s * pb.target_stride);
+      const std::int64_t v = core::read_target(labels.view().data, targets.dtype, pb.offset[b] + s * pb.target_stride);
       if (v < 0 || v >= pb.C || v == o.blank) {
         std::string where = "[";
         if (pb.concatenated) {
@@ -177,7 +184,7 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
 
 // The shape of the forward loss (reduction none) / per-sample outputs: (N), or () unbatched.
 void check_sample_output(const TensorView& t, std::string_view name, const CtcProblem& pb) {
-  core::check_view(t, name);
+  core::check_view(t, name, pb.device);
   core::check_dtype(t, name, pb.acc);
   const std::int64_t n[1] = {pb.N};
   core::check_shape(t, name, n, pb.batched ? 1 : 0);
@@ -185,16 +192,18 @@ void check_sample_output(const TensorView& t, std::string_view name, const CtcPr
 }
 
 void check_alpha(const TensorView& t, const CtcProblem& pb) {
-  core::check_view(t, "log_alpha");
+  core::check_view(t, "log_alpha", pb.device);
   core::check_dtype(t, "log_alpha", pb.acc);
   const std::int64_t batched[3] = {pb.T, pb.N, pb.L}, single[2] = {pb.T, pb.L};
   core::check_shape(t, "log_alpha", pb.batched ? batched : single, pb.batched ? 3 : 2);
   core::check_contiguous(t, "log_alpha");
 }
 
+// Per-sample values into a contiguous Acc output, on the device it lives on.
 template <class Acc>
-void store_acc(const TensorView& t, std::int64_t i, double v) {
-  static_cast<Acc*>(t.data)[i] = static_cast<Acc>(v);
+void store_acc(const core::Backend& be, const TensorView& t, const std::vector<double>& values) {
+  const std::vector<Acc> v(values.begin(), values.end());
+  if (!v.empty()) be.from_host(t.data, v.data(), v.size() * sizeof(Acc));
 }
 
 template <class Acc>
@@ -207,7 +216,7 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
                                                 {"input_lengths", &input_lengths},
                                                 {"target_lengths", &target_lengths}};
   if (out != nullptr) {
-    core::check_view(out->loss, "loss");
+    core::check_view(out->loss, "loss", pb.device);
     core::check_dtype(out->loss, "loss", pb.acc);
     const std::int64_t n[1] = {pb.N};
     core::check_reduced_shape(out->loss, "loss", o.reduction, n, pb.batched ? 1 : 0);
@@ -223,12 +232,12 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
     }
   }
   if (grad != nullptr) {
-    core::check_view(*grad, "grad_log_probs");
+    core::check_view(*grad, "grad_log_probs", pb.device);
     core::check_dtype(*grad, "grad_log_probs", lp.dtype);
     core::check_shape(*grad, "grad_log_probs", lp.shape.data(), lp.ndim);
     written.push_back({"grad_log_probs", grad});
     if (grad_loss) {
-      core::check_view(*grad_loss, "grad_loss");
+      core::check_view(*grad_loss, "grad_loss", pb.device);
       core::check_dtype(*grad_loss, "grad_loss", pb.acc);
       const std::int64_t n[1] = {pb.N};
       core::check_reduced_shape(*grad_loss, "grad_loss", o.reduction, n, pb.batched ? 1 : 0);
@@ -258,27 +267,30 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
   p.blank = o.blank;
   p.zero_infinity = o.zero_infinity;
 
-  std::vector<Acc> scratch(static_cast<std::size_t>(pb.N * core::ctc_scratch_elems(pb.L, pb.C)));
-  std::vector<std::int64_t> labels(static_cast<std::size_t>(pb.N * pb.L));
+  // The CPU's scratch and alpha workspace come from here; a device backend allocates its own (CtcParams).
+  const bool host_scratch = pb.device == Device::cpu;
+  std::vector<Acc> scratch(host_scratch ? static_cast<std::size_t>(pb.N * core::ctc_scratch_elems(pb.L, pb.C)) : 0);
+  std::vector<std::int64_t> labels(host_scratch ? static_cast<std::size_t>(pb.N * pb.L) : 0);
   std::vector<double> nll(static_cast<std::size_t>(pb.N));
   std::vector<Acc> alpha_ws;
-  p.scratch = scratch.data();
-  p.label_scratch = labels.data();
+  p.scratch = host_scratch ? scratch.data() : nullptr;
+  p.label_scratch = host_scratch ? labels.data() : nullptr;
   p.nll = nll.data();
+  const core::Backend& be = core::backend_for(lp, "log_probs");
 
   if (out != nullptr) {
     if (out->log_alpha) p.log_alpha = out->log_alpha->data;
-    core::backend_for(lp, "log_probs").ctc(p);
+    be.ctc(p);
     // Per-sample values in Acc, as the kernel computed them (double holds them exactly).
-    if (out->neg_log_likelihood) {
-      for (std::int64_t b = 0; b < pb.N; ++b) store_acc<Acc>(*out->neg_log_likelihood, b, nll[b]);
-    }
+    if (out->neg_log_likelihood) store_acc<Acc>(be, *out->neg_log_likelihood, nll);
     // zero_infinity replaces an impossible sample's inf by 0 (torch: where(loss == inf, 0, loss)).
     auto loss_of = [&](std::int64_t b) {
       return o.zero_infinity && nll[b] == std::numeric_limits<double>::infinity() ? 0.0 : nll[b];
     };
     if (o.reduction == Reduction::none) {
-      for (std::int64_t b = 0; b < pb.N; ++b) store_acc<Acc>(out->loss, b, loss_of(b));
+      std::vector<double> loss(nll.size());
+      for (std::int64_t b = 0; b < pb.N; ++b) loss[b] = loss_of(b);
+      store_acc<Acc>(be, out->loss, loss);
     } else {
       // In sample order in double: the same result for any thread count. mean divides each sample by its
       // target length (at least 1) and the sum by N; N = 0 gives 0 / 0 = nan, as torch's mean of nothing.
@@ -288,18 +300,19 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
                                                 : loss_of(b);
       }
       if (o.reduction == Reduction::mean) total /= static_cast<double>(pb.N);
-      store_acc<Acc>(out->loss, 0, total);
+      store_acc<Acc>(be, out->loss, {total});
     }
     return;
   }
 
   // Backward: the upstream gradient of each sample's loss.
   std::vector<double> scale(static_cast<std::size_t>(pb.N), 1.0);
+  const std::optional<core::HostCopy> gl = grad_loss ? std::optional<core::HostCopy>(*grad_loss) : std::nullopt;
   for (std::int64_t b = 0; b < pb.N; ++b) {
     double g = 1.0;
-    if (grad_loss) {
+    if (gl) {
       const std::int64_t off = o.reduction == Reduction::none && pb.batched ? b * grad_loss->strides[0] : 0;
-      g = static_cast<double>(static_cast<const Acc*>(grad_loss->data)[off]);
+      g = static_cast<double>(static_cast<const Acc*>(gl->view().data)[off]);
     }
     if (o.reduction == Reduction::mean) {
       g = g / static_cast<double>(pb.N) / static_cast<double>(std::max<std::int64_t>(pb.tl[b], 1));
@@ -314,11 +327,11 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
   if (alpha_in) {
     p.log_alpha = alpha_in->data;
     p.alpha_ready = true;
-  } else {
+  } else if (host_scratch) {
     alpha_ws.resize(static_cast<std::size_t>(pb.T * pb.N * pb.L));
     p.log_alpha = alpha_ws.data();
   }
-  core::backend_for(lp, "log_probs").ctc(p);
+  be.ctc(p);
 }
 
 void dispatch(const TensorView& lp, const TensorView& targets, const TensorView& input_lengths,

@@ -23,6 +23,8 @@ struct CtcParams {
   const void* log_probs = nullptr;  // (T, N, C), element strides lp_st, lp_sn, lp_sc
   std::int64_t lp_st = 0, lp_sn = 0, lp_sc = 0;
 
+  // log_probs, targets, grad and log_alpha live on the backend's device; target_offset, the lengths, nll and
+  // grad_scale are host arrays on every backend.
   const void* targets = nullptr;  // any integer dtype, read as stored
   DType target_dtype = DType::i64;
   const std::int64_t* target_offset = nullptr;   // (N): element offset of sample b's first label
@@ -32,13 +34,14 @@ struct CtcParams {
   std::int64_t blank = 0;
   bool zero_infinity = false;
 
-  // Acc (T, N, L) contiguous: written by the forward when set; the backward reads it, and computes it first
-  // unless alpha_ready.
+  // Acc (T, N, L) contiguous on the device: written by the forward when set; the backward reads it, and computes
+  // it first unless alpha_ready. A backward without one gets a host workspace on the CPU, nullptr elsewhere (the
+  // device backend allocates its own).
   void* log_alpha = nullptr;
   bool alpha_ready = false;
-  // Per-sample scratch, allocated by the core so kernels never allocate: Acc[ctc_scratch_elems(L, C)] at
-  // b * ctc_scratch_elems(L, C) (padded rows for whole-vector loops) and int64[L] at b * L (the extended
-  // label sequence l').
+  // The CPU's per-sample scratch, allocated by the core so its kernels never allocate (nullptr on other devices):
+  // Acc[ctc_scratch_elems(L, C)] at b * ctc_scratch_elems(L, C) (padded rows for whole-vector loops) and int64[L]
+  // at b * L (the extended label sequence l').
   void* scratch = nullptr;
   std::int64_t* label_scratch = nullptr;
 

@@ -1,9 +1,10 @@
 // The plain parameter struct of the fused linear cross-entropy (include/lossfuse/linear_cross_entropy.hpp) that
 // core fills after checking every argument and scanning the targets once, and a backend's runner takes: the views as
 // the caller gave them, the options, the per-row upstream gradients and the row outputs. The runner makes the
-// logits a chunk (and vocabulary tile) at a time through the GEMM hook and reduces them by the cross-entropy
-// kernels' params; it writes only the row outputs and the gradients, and throws only Error(not_implemented) when
-// the GEMM hook declines a product.
+// logits a chunk (and vocabulary tile) at a time (the CPU's through the GEMM hook, CUDA's on cuBLAS) and reduces them
+// by the cross-entropy kernels' params; it writes only the row outputs and the gradients, and throws only
+// Error(not_implemented) when the GEMM hook declines a product or the device runner an option (before writing), and
+// a device runner Error(device_error) on a failed runtime call.
 #pragma once
 
 #include <cstdint>

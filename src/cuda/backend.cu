@@ -1,8 +1,5 @@
-// The CUDA backend's table: cross-entropy and NLL, the eleven elementwise losses, the five margin losses and the fused
-// linear loss (src/cuda/kernels.hpp), and the block sums their reduced forwards share. CTC has no CUDA kernels yet:
-// core refuses its CUDA operands at check_view (not_implemented, naming the argument), and its slot here throws the
-// same error should a caller reach it. The elementwise losses' value checks scan host copies (core),
-// so value_scan is never given device memory.
+// The CUDA backend's table: every loss family (src/cuda/kernels.hpp), and the block sums their reduced forwards share.
+// The elementwise losses' value checks scan host copies (core), so value_scan is never given device memory.
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -82,12 +79,6 @@ void from_host(void* dst, const void* host, std::size_t bytes) {
   cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (host to device)");
 }
 
-template <class Params>
-void not_on_cuda(const Params&) {
-  throw Error(ErrorCode::not_implemented, "device", "a loss family with CUDA kernels (all but ctc)",
-              "another family on cuda");
-}
-
 bool value_scan_not_on_cuda(DType, const void*, std::int64_t, ValueScan) {
   throw Error(ErrorCode::not_implemented, "value_scan", "host memory (core scans a host copy)", "device memory");
 }
@@ -103,7 +94,7 @@ const Backend* cuda_backend() noexcept {
       cuda::nll_rows,
       cuda::pointwise_run,
       value_scan_not_on_cuda,
-      not_on_cuda<CtcParams>,
+      cuda::ctc_run_samples,
       cuda::triplet_margin_rows,
       cuda::cosine_embedding_rows,
       cuda::multi_margin_rows,

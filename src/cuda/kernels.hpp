@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/cross_entropy_params.hpp"
+#include "core/ctc_params.hpp"
 #include "core/linear_cross_entropy_params.hpp"
 #include "core/margin_problem.hpp"
 #include "core/pointwise_params.hpp"
@@ -15,6 +16,7 @@ namespace lossfuse::cuda {
 void cross_entropy_rows(const core::CeParams& p);  // src/cuda/cross_entropy.cu
 void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu
 void pointwise_run(const core::PwParams& p);       // src/cuda/pointwise.cu
+void ctc_run_samples(const core::CtcParams& p);    // src/cuda/ctc.cu: host arrays and nll as CtcParams says
 // src/cuda/margin.cu
 void triplet_margin_rows(const core::MarginParams& p);
 void cosine_embedding_rows(const core::MarginParams& p);

@@ -38,6 +38,7 @@ using std::int64_t;
 
 struct Cublas {
   decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasGemmEx_64) gemm = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
@@ -61,12 +62,14 @@ Cublas load_cublas() {
   auto sym = [&](const char* name) {
     void* f = dlsym(lib, name);
     if (f == nullptr) {
+      dlclose(lib);
       throw Error(ErrorCode::device_error, "cublas", std::string(name) + " in " + LOSSFUSE_CUBLAS_SONAME, "absent");
     }
     return f;
   };
   Cublas c;
   c.create = reinterpret_cast<decltype(c.create)>(sym("cublasCreate_v2"));
+  c.set_math_mode = reinterpret_cast<decltype(c.set_math_mode)>(sym("cublasSetMathMode"));
   c.set_stream = reinterpret_cast<decltype(c.set_stream)>(sym("cublasSetStream_v2"));
   c.gemm = reinterpret_cast<decltype(c.gemm)>(sym("cublasGemmEx_64"));
   c.status_string = reinterpret_cast<decltype(c.status_string)>(sym("cublasGetStatusString"));
@@ -85,14 +88,22 @@ void blas_check(cublasStatus_t s, const char* what) {
 }
 
 // The calling thread's handle on the current device, on the calling thread's stream. Handles are kept for the
-// thread's life and never destroyed: one destroyed at exit, after the CUDA context's teardown, would fault.
+// thread's life and never destroyed: one destroyed at exit, after the CUDA context's teardown, would fault. Their
+// reductions stay in the compute type (float32), never the output's 16 bits: a split-K dx is rounded once.
 cublasHandle_t handle() {
   thread_local std::vector<cublasHandle_t> handles;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   if (static_cast<std::size_t>(dev) >= handles.size()) handles.resize(static_cast<std::size_t>(dev) + 1, nullptr);
   cublasHandle_t& h = handles[static_cast<std::size_t>(dev)];
-  if (h == nullptr) blas_check(cublas().create(&h), "cublasCreate");
+  if (h == nullptr) {
+    cublasHandle_t made = nullptr;
+    blas_check(cublas().create(&made), "cublasCreate");
+    h = made;
+    blas_check(cublas().set_math_mode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+               "cublasSetMathMode");
+  }
   blas_check(cublas().set_stream(h, stream()), "cublasSetStream");
   return h;
 }
@@ -233,6 +244,10 @@ void run(const core::LceParams& lp) {
   const bool dx_direct = g.x && leading_dim(*g.x) >= 0 && (H <= 1 || g.x->strides[1] == 1);
   const bool dw_direct = g.w && g.w->dtype == acc && leading_dim(*g.w) >= 0 && (H <= 1 || g.w->strides[1] == 1);
 
+  // A throw mid-call (a failed cuBLAS call or launch) still waits for the work queued on the caller's tensors.
+  struct SyncOnExit {
+    ~SyncOnExit() { (void)cudaStreamSynchronize(stream()); }
+  } sync_on_exit;
   const auto n = [](int64_t v) { return static_cast<std::size_t>(v); };
   const Scratch<Acc> logits(n(R * V));
   const Scratch<std::uint16_t> g16(products && dt != acc ? n(R * V) : 0);

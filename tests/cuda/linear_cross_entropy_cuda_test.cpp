@@ -5,6 +5,7 @@
 // and bitwise-repeatable results. Without a CUDA device every test is skipped (main exits 77).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -21,6 +22,14 @@ std::vector<Case> whole_row_cases() {
   std::vector<Case> v;
   for (const Case& c : cases()) {
     if (c.tile == 0) v.push_back(c);
+  }
+  // Degenerate sizes (one row, one feature, one class: the leading dimensions cuBLAS still wants).
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const std::array<std::int64_t, 3> nhv : {std::array<std::int64_t, 3>{1, 5, 11}, {7, 1, 11}, {7, 5, 1}}) {
+      Case c;
+      c.dt = t, c.N = nhv[0], c.H = nhv[1], c.V = nhv[2], c.chunk = 3;
+      v.push_back(c);
+    }
   }
   // Products of a size cuBLAS picks real kernels for: one chunk (auto) and chunks that do not divide N.
   for (DType t : kFloats) {
@@ -40,39 +49,50 @@ INSTANTIATE_TEST_SUITE_P(WholeRows, LinearCeCuda, ::testing::ValuesIn(whole_row_
                          [](const auto& info) { return case_name(info.param); });
 
 // dW in a transposed (non-unit inner stride) view and dx transposed: both go through float32 buffers, then stored.
+// And the direct ways with 16-bit inputs: a float32 dW accumulated in place, x and dx with padded rows (ld > H).
 TEST(LinearCeCudaEdge, StridedGradientsThroughBuffers) {
   for (DType t : {DType::f32, DType::bf16}) {
     for (bool fused : {true, false}) {
-      Case c;
-      c.dt = t, c.N = 19, c.H = 12, c.V = 37, c.chunk = 5, c.weight = true, c.eps = 0.1;
-      SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
-      Data d = case_data(c);
-      const DType acc = acc_of(t);
-      Tensor loss = Tensor::make(acc, {}), lse = Tensor::make(acc, {c.N});
-      Tensor gx = Tensor::make(t, {c.N, c.H}, Layout::transposed), gw = Tensor::make(t, {c.V, c.H}, Layout::transposed);
-      Tensor gb = Tensor::make(t, {c.V}, Layout::padded);
-      Tensor gl = Tensor::make(acc, {});
-      gl.set(0, 1.0);
-      {
-        Mirror m(&kCuda);
-        LinearCrossEntropyOptions o = options(c, d);
-        o.ce.weight = m(d.cw);
-        const LinearCrossEntropyGrads g{m(gx), m(gw), m(gb)};
-        const CrossEntropyOutputs out{m(loss), m(lse), std::nullopt};
-        if (fused) {
-          lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out, g);
-        } else {
-          lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out);
-          lossfuse::linear_cross_entropy_backward(m(d.x), m(d.w), m(d.b), m(d.t), m(lse), m(gl), o, g);
+      for (bool strided : {true, false}) {
+        Case c;
+        c.dt = t, c.N = 19, c.H = 12, c.V = 37, c.chunk = 5, c.weight = true, c.eps = 0.1;
+        SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward") +
+                     (strided ? " strided" : ""));
+        Data d = case_data(c);
+        if (!strided) {  // x with padded rows, the same values
+          Tensor xp = Tensor::make(t, {c.N, c.H}, Layout::padded);
+          for (std::int64_t i = 0; i < c.N * c.H; ++i) xp.set(i, d.x.get(i));
+          d.x = xp;
         }
-        m.download();
+        const DType acc = acc_of(t);
+        Tensor loss = Tensor::make(acc, {}), lse = Tensor::make(acc, {c.N});
+        Tensor gx = Tensor::make(t, {c.N, c.H}, strided ? Layout::transposed : Layout::padded);
+        Tensor gw = strided ? Tensor::make(t, {c.V, c.H}, Layout::transposed) : Tensor::make(acc, {c.V, c.H});
+        Tensor gb = Tensor::make(t, {c.V}, Layout::padded);
+        Tensor gl = Tensor::make(acc, {});
+        gl.set(0, 1.0);
+        {
+          Mirror m(&kCuda);
+          LinearCrossEntropyOptions o = options(c, d);
+          o.ce.weight = m(d.cw);
+          const LinearCrossEntropyGrads g{m(gx), m(gw), m(gb)};
+          const CrossEntropyOutputs out{m(loss), m(lse), std::nullopt};
+          if (fused) {
+            lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out, g);
+          } else {
+            lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o, out);
+            lossfuse::linear_cross_entropy_backward(m(d.x), m(d.w), m(d.b), m(d.t), m(lse), m(gl), o, g);
+          }
+          m.download();
+        }
+        const Expected e = expected(c, d, {});
+        EXPECT_TRUE(close_rel("loss", loss.values(), {e.ce.loss}, acc));
+        EXPECT_TRUE(close_rel("grad_x", gx.values(), e.dx, t));
+        EXPECT_TRUE(close_rel("grad_weight", gw.values(), e.dw, t));
+        EXPECT_TRUE(close_rel("grad_bias", gb.values(), e.db, t));
+        EXPECT_TRUE(gb.outside_untouched(0));
+        EXPECT_TRUE(gx.outside_untouched(0));
       }
-      const Expected e = expected(c, d, {});
-      EXPECT_TRUE(close_rel("loss", loss.values(), {e.ce.loss}, acc));
-      EXPECT_TRUE(close_rel("grad_x", gx.values(), e.dx, t));
-      EXPECT_TRUE(close_rel("grad_weight", gw.values(), e.dw, t));
-      EXPECT_TRUE(close_rel("grad_bias", gb.values(), e.db, t));
-      EXPECT_TRUE(gb.outside_untouched(0));
     }
   }
 }
