@@ -15,8 +15,10 @@
 // Labels were checked by core (in [0, C), not blank); lengths too (il <= T, 2 tl + 1 <= L).
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "core/ctc_params.hpp"
 #include "core/targets.hpp"
@@ -43,11 +45,12 @@ struct CtcArgs {
   double* nll;                      // (N)
   Acc* alpha;                       // full: (T, N, L); else rolling: (N, 2, L)
   bool full;
-  Acc* beta;      // (N, 2, L), backward
-  Acc* lcab;      // (N, C), backward: -inf between steps
-  int64_t* lab;   // (N, L): l'
-  int64_t* next;  // (N, L), backward: a label position's next position with the same label (-1: none)
-  bool* first;    // (N, L), backward: the label position is its label's first in l'
+  bool caller_alpha;  // alpha is the caller's log_alpha: filled -inf outside t < il, s < len
+  Acc* beta;          // (N, 2, L), backward
+  Acc* lcab;          // (N, C), backward: -inf between steps
+  int64_t* lab;       // (N, L): l'
+  int64_t* next;      // (N, L), backward: a label position's next position with the same label (-1: none)
+  bool* first;        // (N, L), backward: the label position is its label's first in l'
 };
 
 template <class Acc>
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) ctc_backward_kernel(const CtcArgs<ma
       nll = -static_cast<double>(tl == 0 ? last[0] : math::log_add2(last[len - 1], last[len - 2]));
     }
   } else {
-    nll = forward_sample<T>(a, b, false);
+    nll = forward_sample<T>(a, b, a.caller_alpha);
   }
   if (threadIdx.x == 0 && a.nll != nullptr) a.nll[b] = nll;
   T* grad = static_cast<T*>(p.grad);
@@ -219,6 +222,9 @@ template <class T>
 void ctc_run(const core::CtcParams& p) {
   using Acc = math::AccOf<T>;
   if (p.N == 0) return;
+  if (p.N > INT32_MAX) {  // a block per sample
+    throw Error(ErrorCode::not_implemented, "log_probs", "at most 2^31 - 1 samples on cuda", std::to_string(p.N));
+  }
   const DeviceScope scope(
       {{p.log_probs, "log_probs"}, {p.targets, "targets"}, {p.grad, "grad_log_probs"}, {p.log_alpha, "log_alpha"}});
   const auto n = [](int64_t v) { return static_cast<std::size_t>(v); };
@@ -248,6 +254,7 @@ void ctc_run(const core::CtcParams& p) {
                  nll.get(),
                  own_alpha ? alpha_ws.get() : static_cast<Acc*>(p.log_alpha),
                  !own_alpha || backward,
+                 !own_alpha,
                  beta.get(),
                  lcab.get(),
                  lab.get(),

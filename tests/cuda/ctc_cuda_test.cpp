@@ -44,7 +44,7 @@ TEST(CtcCuda, IntegerDtypesOfTargetsAndLengths) {
     }
 }
 
-// l' longer than the block (2 S + 1 = 401 positions over 256 threads), more classes than threads (C = 300), labels
+// l' longer than the block (up to 401 positions over 256 threads), more classes than threads (C = 300), labels
 // repeated across the sequence (a class with many positions), unbatched and strided layouts.
 TEST(CtcCuda, LongSequencesManyClassesAndLayouts) {
   for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
