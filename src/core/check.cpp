@@ -189,13 +189,18 @@ void check_no_overlap(const TensorView& a, std::string_view a_name, const Tensor
   }
 }
 
-template <class Acc>
-std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes, Device device) {
-  if (!weight) return {};
+void check_weights(const std::optional<TensorView>& weight, std::int64_t classes, Device device) {
+  if (!weight) return;
   check_view(*weight, "weight", device);
   check_floating(*weight, "weight");
   const std::int64_t want[1] = {classes};
   check_shape(*weight, "weight", want, 1);
+}
+
+template <class Acc>
+std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes, Device device) {
+  check_weights(weight, classes, device);
+  if (!weight) return {};
   const HostCopy host(*weight);
   const TensorView& w = host.view();
   std::vector<Acc> out(static_cast<std::size_t>((classes + 63) / 64 * 64), Acc(0));

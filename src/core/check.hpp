@@ -40,8 +40,10 @@ std::string shape_string(const std::int64_t* shape, int ndim);
 // A double as printf's %g writes it (1e-50, not std::to_string's 0.000000).
 std::string number_string(double v);
 
+// Class weights: shape (C), a floating dtype, living on `device`.
+void check_weights(const std::optional<TensorView>& weight, std::int64_t classes, Device device);
 // Class weights copied into the accumulation type, padded with zeros to a multiple of 64 so SIMD loops
-// may read whole vectors, in host memory. Checks shape (C), a floating dtype and that the weight lives on `device`.
+// may read whole vectors, in host memory, after check_weights.
 template <class Acc>
 std::vector<Acc> load_weights(const std::optional<TensorView>& weight, std::int64_t classes,
                               Device device = Device::cpu);

@@ -4,6 +4,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/targets.hpp"
 
 namespace lossfuse::core {
 
@@ -22,8 +23,8 @@ ClassProblem check_class_problem(const TensorView& input, std::string_view input
   pb.class_dim = input.ndim == 1 ? 0 : 1;
   pb.classes = input.shape[pb.class_dim];
   if (pb.classes < 1) {
-    throw Error(ErrorCode::shape_mismatch, std::string(input_name), "at least one class in dim " +
-                std::to_string(pb.class_dim), "shape " + input.shape_string());
+    throw Error(ErrorCode::shape_mismatch, std::string(input_name),
+                "at least one class in dim " + std::to_string(pb.class_dim), "shape " + input.shape_string());
   }
   pb.rows = 1;
   for (int i = 0; i < input.ndim; ++i) {
@@ -39,8 +40,8 @@ ClassProblem check_class_problem(const TensorView& input, std::string_view input
     }
     if (target.dtype != input.dtype) {
       throw Error(ErrorCode::dtype_mismatch, "target",
-                  "class indices of an integer dtype, or probabilities of the " + std::string(input_name) +
-                      "' dtype " + std::string(dtype_name(input.dtype)),
+                  "class indices of an integer dtype, or probabilities of the " + std::string(input_name) + "' dtype " +
+                      std::string(dtype_name(input.dtype)),
                   std::string(dtype_name(target.dtype)));
     }
     check_shape(target, "target", input.shape.data(), input.ndim);
@@ -144,8 +145,7 @@ double read_scalar(const TensorView& t) {
                                : static_cast<double>(*static_cast<const float*>(host.view().data));
 }
 
-void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss,
-                    double denominator) {
+void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss, double denominator) {
   if (reduction == Reduction::none) {
     p.grad_loss = grad_loss ? grad_loss->data : nullptr;
     return;
@@ -154,8 +154,31 @@ void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<Tensor
   if (reduction == Reduction::mean) p.grad_scale /= denominator;
 }
 
-void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction,
-                   double denominator) {
+void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
+                     Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
+                     const TensorView* loss, const TensorView* z_loss) {
+  CeDeviceCall call;
+  if (weight) {
+    call.weight = weight->data;
+    call.weight_dtype = weight->dtype;
+    call.weight_stride = weight->strides[0];
+  }
+  call.reduction = reduction;
+  call.split_mean = split_mean;
+  if (reduction == Reduction::none) {
+    p.grad_loss = grad_loss ? grad_loss->data : nullptr;
+  } else {
+    call.grad_scalar = grad_loss ? grad_loss->data : nullptr;
+    call.loss = loss != nullptr ? loss->data : nullptr;
+    call.z_loss = z_loss != nullptr ? z_loss->data : nullptr;
+  }
+  p.device_call = &call;
+  entry(p);
+  p.device_call = nullptr;
+  if (call.bad_row >= 0) throw bad_target_error(p.index, call.bad_row, call.bad_value, p.classes, p.ignore_index);
+}
+
+void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction, double denominator) {
   double total = 0;
   for (double b : blocks) total += b;
   // 'mean' of nothing is 0 / 0 = nan, PyTorch's rule (also when every target is ignored).

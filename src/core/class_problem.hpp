@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/check.hpp"
 #include "core/cross_entropy_params.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
@@ -60,12 +61,26 @@ double read_scalar(const TensorView& t);
 
 // The upstream gradient in p: a per-row pointer for reduction none, else one scale (1 when absent) with
 // 1/denominator folded in for mean.
-void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss,
-                    double denominator);
+void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<TensorView>& grad_loss, double denominator);
+
+// The class weights of core's host steps: load_weights on the CPU; on a device, whose backend reads them itself
+// (CeDeviceCall), checked (check_weights) and left there: empty.
+template <class Acc>
+std::vector<Acc> host_class_weights(const std::optional<TensorView>& weight, const ClassProblem& pb) {
+  if (pb.device == Device::cpu) return load_weights<Acc>(weight, pb.classes, pb.device);
+  check_weights(weight, pb.classes, pb.device);
+  return {};
+}
+
+// A device backend's call (CeDeviceCall): fills p.device_call from the class weights, the reduction, the upstream
+// gradient (a per-row pointer for none, the scalar's for mean / sum) and the reduced outputs (loss, z_loss: nullptr
+// when not wanted; used for mean / sum), runs `entry` and throws the index_error of a bad target it found.
+void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
+                     Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
+                     const TensorView* loss, const TensorView* z_loss);
 
 // Reductions mean/sum: sums the block partials in block order (a fixed order) and divides by `denominator`
 // for mean; writes the result to a one-element Acc-typed output (on any device with a backend).
-void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction,
-                   double denominator);
+void write_reduced(const TensorView& out, const std::vector<double>& blocks, Reduction reduction, double denominator);
 
 }  // namespace lossfuse::core

@@ -60,7 +60,8 @@ template <class Acc>
 void run(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
          const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
          const TensorView* grad, GradWrite write, const core::ClassProblem& pb) {
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes, pb.device);
+  const bool on_device = pb.device != Device::cpu;  // the backend takes the host steps below (CeDeviceCall)
+  const std::vector<Acc> weights = core::host_class_weights<Acc>(o.weight, pb);
   const Acc* w = weights.empty() ? nullptr : weights.data();
 
   std::vector<NamedView> written, read = {{"logits", &logits}, {"target", &target}};
@@ -102,26 +103,9 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     }
   }
 
-  // Targets last: the scan also yields the 'mean' denominator.
   core::CeParams p;
   p.mode = mode;
   core::fill_layout(p, pb, logits, target, grad, grad_loss);
-  double denominator = static_cast<double>(pb.rows);  // probability targets: mean over rows
-  double loss_denominator = denominator;                 // the loss's and its gradient's (split_mean_denominator)
-  if (!pb.soft) {
-    std::int64_t counted = 0, weighted = 0;
-    denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow, pb.rows,
-                                          pb.classes, o.ignore_index, w, &counted, &weighted);
-    loss_denominator = core::split_mean_denominator(denominator, counted, weighted,
-                                                    o.label_smoothing != 0 || o.z_loss_scale != 0);
-  }
-
-  p.weight = w;
-  p.sum_w = static_cast<double>(pb.classes);
-  if (w != nullptr) {
-    p.sum_w = 0;
-    for (std::int64_t c = 0; c < pb.classes; ++c) p.sum_w += static_cast<double>(w[c]);
-  }
   p.scale = o.logit_scale;
   p.softcap = o.softcap;
   p.eps = o.label_smoothing;
@@ -130,25 +114,50 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   p.lse_in = lse_in != nullptr ? lse_in->data : nullptr;
   if (lse_in != nullptr) p.lse_f64 = lse_in->dtype == DType::f64;
   if (out != nullptr && out->lse) p.lse_f64 = out->lse->dtype == DType::f64;
-
-  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, loss_denominator);
-
-  std::vector<double> block_loss, block_zloss;
   if (out != nullptr) {
     if (out->lse) p.lse_rows = out->lse->data;
     if (o.reduction == Reduction::none) {
       p.loss_rows = out->loss.data;
       if (out->z_loss) p.zloss_rows = out->z_loss->data;
-    } else {
-      const std::int64_t blocks = (pb.rows + p.rows_per_block - 1) / p.rows_per_block;
-      block_loss.assign(static_cast<std::size_t>(blocks), 0.0);
-      block_zloss.assign(static_cast<std::size_t>(blocks), 0.0);
-      p.block_loss = block_loss.data();
-      p.block_zloss = block_zloss.data();
     }
   }
+  const core::Backend& be = core::backend_for(logits, "logits");
+  if (on_device) {
+    core::run_device_call(p, be.cross_entropy, o.weight, o.reduction, o.label_smoothing != 0 || o.z_loss_scale != 0,
+                          grad != nullptr ? grad_loss : std::nullopt, out != nullptr ? &out->loss : nullptr,
+                          out != nullptr && out->z_loss ? &*out->z_loss : nullptr);
+    return;
+  }
 
-  core::backend_for(logits, "logits").cross_entropy(p);
+  // Targets last: the scan also yields the 'mean' denominator.
+  double denominator = static_cast<double>(pb.rows);  // probability targets: mean over rows
+  double loss_denominator = denominator;              // the loss's and its gradient's (split_mean_denominator)
+  if (!pb.soft) {
+    std::int64_t counted = 0, weighted = 0;
+    denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow,
+                                          pb.rows, pb.classes, o.ignore_index, w, &counted, &weighted);
+    loss_denominator =
+        core::split_mean_denominator(denominator, counted, weighted, o.label_smoothing != 0 || o.z_loss_scale != 0);
+  }
+
+  p.weight = w;
+  p.sum_w = static_cast<double>(pb.classes);
+  if (w != nullptr) {
+    p.sum_w = 0;
+    for (std::int64_t c = 0; c < pb.classes; ++c) p.sum_w += static_cast<double>(w[c]);
+  }
+  if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, loss_denominator);
+
+  std::vector<double> block_loss, block_zloss;
+  if (out != nullptr && o.reduction != Reduction::none) {
+    const std::int64_t blocks = (pb.rows + p.rows_per_block - 1) / p.rows_per_block;
+    block_loss.assign(static_cast<std::size_t>(blocks), 0.0);
+    block_zloss.assign(static_cast<std::size_t>(blocks), 0.0);
+    p.block_loss = block_loss.data();
+    p.block_zloss = block_zloss.data();
+  }
+
+  be.cross_entropy(p);
 
   if (out != nullptr && o.reduction != Reduction::none) {
     core::write_reduced(out->loss, block_loss, o.reduction, loss_denominator);

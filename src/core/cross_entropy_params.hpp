@@ -5,6 +5,7 @@
 
 #include "core/row_index.hpp"
 #include "lossfuse/dtype.hpp"
+#include "lossfuse/loss_kind.hpp"
 
 namespace lossfuse::core {
 
@@ -12,6 +13,24 @@ enum class CeMode : std::uint8_t { forward, backward, forward_backward };
 
 // Views in RowIndex order.
 enum RowView : int { kLogitsRow = 0, kTargetRow = 1, kGradRow = 2, kGradLossRow = 3 };
+
+// A device backend's whole call (CeParams::device_call, set by core for operands off the CPU): the backend reads the
+// class weights, scans the targets, scales the gradient and reduces the loss on its device, so core takes no host step
+// and the call at most one read-back (the first bad target's row; none under stream capture). CeParams' host-side
+// fields (weight, sum_w, grad_scale, rows_per_block, block_loss, block_zloss) are unused then.
+struct CeDeviceCall {
+  const void* weight = nullptr;  // the caller's class weights (`classes` floating elements), nullptr: unweighted
+  DType weight_dtype = DType::f32;
+  std::int64_t weight_stride = 1;
+  Reduction reduction = Reduction::mean;
+  bool split_mean = false;            // label smoothing or z-loss on: split_mean_denominator gives the loss's mean
+  const void* grad_scalar = nullptr;  // mean / sum with a gradient: the upstream scalar (Acc); nullptr: 1
+  void* loss = nullptr;               // mean / sum forward: the one-element outputs (Acc); nullptr: not wanted
+  void* z_loss = nullptr;
+  // Out: the first bad class target in row order (bad_row -1: none), found before any output is written; the call
+  // then writes nothing. Under stream capture nothing is read back: bad_row stays -1 and a bad row is NaN instead.
+  std::int64_t bad_row = -1, bad_value = 0;
+};
 
 struct CeParams {
   CeMode mode = CeMode::forward;
@@ -33,9 +52,9 @@ struct CeParams {
   std::int64_t ignore_index = -100;
 
   // Row outputs, Acc typed and contiguous; nullptr when not wanted.
-  void* loss_rows = nullptr;   // reduction none
-  void* lse_rows = nullptr;    // double when lse_f64
-  void* zloss_rows = nullptr;  // reduction none
+  void* loss_rows = nullptr;     // reduction none
+  void* lse_rows = nullptr;      // double when lse_f64
+  void* zloss_rows = nullptr;    // reduction none
   const void* lse_in = nullptr;  // backward: the saved log-sum-exp, double when lse_f64
   // lse_rows / lse_in hold double whatever Acc is: the forward writes top + log_s summed in double, and the
   // backward splits a saved value back into top (rounded to Acc) and log_s (the remainder), so a gradient from a
@@ -52,6 +71,8 @@ struct CeParams {
   std::int64_t rows_per_block = 1;
   double* block_loss = nullptr;
   double* block_zloss = nullptr;
+
+  CeDeviceCall* device_call = nullptr;  // device backends: set by core (see CeDeviceCall); nullptr: host steps
 };
 
 }  // namespace lossfuse::core

@@ -15,7 +15,8 @@ template <class Acc>
 void run(core::CeMode mode, const TensorView& input, const TensorView& target, const NllOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad,
          const core::ClassProblem& pb) {
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, pb.classes, pb.device);
+  const bool on_device = pb.device != Device::cpu;  // the backend takes the host steps below (CeDeviceCall)
+  const std::vector<Acc> weights = core::host_class_weights<Acc>(o.weight, pb);
   const Acc* w = weights.empty() ? nullptr : weights.data();
   std::vector<core::NamedView> written, read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
@@ -37,21 +38,24 @@ void run(core::CeMode mode, const TensorView& input, const TensorView& target, c
   core::CeParams p;
   p.mode = mode;
   core::fill_layout(p, pb, input, target, grad, grad_loss);
-  const double denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index, core::kTargetRow, pb.rows,
-                                                     pb.classes, o.ignore_index, w);
-  p.weight = w;
   p.ignore_index = o.ignore_index;
+  if (loss != nullptr && o.reduction == Reduction::none) p.loss_rows = loss->data;
+  const core::Backend& be = core::backend_for(input, "input");
+  if (on_device) {
+    core::run_device_call(p, be.nll, o.weight, o.reduction, false, grad != nullptr ? grad_loss : std::nullopt, loss,
+                          nullptr);
+    return;
+  }
+  const double denominator = core::scan_targets<Acc>(core::HostCopy(target).view().data, target.dtype, p.index,
+                                                     core::kTargetRow, pb.rows, pb.classes, o.ignore_index, w);
+  p.weight = w;
   std::vector<double> blocks;
-  if (loss != nullptr) {
-    if (o.reduction == Reduction::none) {
-      p.loss_rows = loss->data;
-    } else {
-      blocks.assign(static_cast<std::size_t>((pb.rows + p.rows_per_block - 1) / p.rows_per_block), 0.0);
-      p.block_loss = blocks.data();
-    }
+  if (loss != nullptr && o.reduction != Reduction::none) {
+    blocks.assign(static_cast<std::size_t>((pb.rows + p.rows_per_block - 1) / p.rows_per_block), 0.0);
+    p.block_loss = blocks.data();
   }
   if (grad != nullptr) core::set_grad_scale(p, o.reduction, grad_loss, denominator);
-  core::backend_for(input, "input").nll(p);
+  be.nll(p);
   if (loss != nullptr && o.reduction != Reduction::none) core::write_reduced(*loss, blocks, o.reduction, denominator);
 }
 
@@ -68,8 +72,7 @@ void dispatch(core::CeMode mode, const TensorView& input, const TensorView& targ
 
 }  // namespace
 
-void nll_forward(const TensorView& input, const TensorView& target, const NllOptions& options,
-                 const TensorView& loss) {
+void nll_forward(const TensorView& input, const TensorView& target, const NllOptions& options, const TensorView& loss) {
   dispatch(core::CeMode::forward, input, target, options, &loss, std::nullopt, nullptr);
 }
 

@@ -2,9 +2,9 @@
 // written.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "core/row_index.hpp"
@@ -40,26 +40,30 @@ inline std::string row_position(const RowIndex& idx, std::int64_t r) {
   return s + "]";
 }
 
+// The index_error of a class target t out of [0, classes) at row r (row_position's coordinates).
+inline Error bad_target_error(const RowIndex& idx, std::int64_t r, std::int64_t t, std::int64_t classes,
+                              std::int64_t ignore_index) {
+  return Error(
+      ErrorCode::index_error, "target",
+      "a class index in [0, " + std::to_string(classes) + ") or ignore_index (" + std::to_string(ignore_index) + ")",
+      std::to_string(t) + " at position " + row_position(idx, r));
+}
+
 // Checks every target is in [0, classes) or equals ignore_index; throws index_error naming the first bad
 // position (in row-major order) and its value. Returns sum over non-ignored rows of w[target] (1 when
 // unweighted), summed in row order in double: the 'mean' denominator. counted (if given): the number of
 // non-ignored rows; weighted (if given): how many of them have a target weight other than 0.
 template <class Acc>
 double scan_targets(const void* target, DType dtype, const RowIndex& idx, int view, std::int64_t rows,
-                    std::int64_t classes, std::int64_t ignore_index, const Acc* weight,
-                    std::int64_t* counted = nullptr, std::int64_t* weighted = nullptr) {
+                    std::int64_t classes, std::int64_t ignore_index, const Acc* weight, std::int64_t* counted = nullptr,
+                    std::int64_t* weighted = nullptr) {
   double total = 0;
   std::int64_t n = 0, nonzero = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t t = read_target(target, dtype, idx.offset(view, r));
     if (t == ignore_index) continue;
     ++n;
-    if (t < 0 || t >= classes) {
-      throw Error(ErrorCode::index_error, "target",
-                  "a class index in [0, " + std::to_string(classes) + ") or ignore_index (" +
-                      std::to_string(ignore_index) + ")",
-                  std::to_string(t) + " at position " + row_position(idx, r));
-    }
+    if (t < 0 || t >= classes) throw bad_target_error(idx, r, t, classes, ignore_index);
     const double w = weight != nullptr ? static_cast<double>(weight[t]) : 1.0;
     total += w;
     nonzero += w != 0;
@@ -75,10 +79,10 @@ double scan_targets(const void* target, DType dtype, const RowIndex& idx, int vi
 // row: NaN then when such a term is present (the combined sum over 0 would give inf), the sum of weights otherwise.
 // Nonzero weights of both signs that cancel give a/0 + s/0, which the sum over 0 matches unless a and s differ in
 // sign (then torch has NaN, lossfuse an infinity; fuzz/cross_entropy_fuzz.cpp leaves that case out).
-inline double split_mean_denominator(double denominator, std::int64_t counted, std::int64_t weighted,
-                                     bool other_terms) {
-  return denominator == 0 && counted > 0 && weighted == 0 && other_terms ? std::numeric_limits<double>::quiet_NaN()
-                                                                         : denominator;
+// Device backends evaluate it in their scan kernel.
+LF_HOST_DEVICE double split_mean_denominator(double denominator, std::int64_t counted, std::int64_t weighted,
+                                             bool other_terms) {
+  return denominator == 0 && counted > 0 && weighted == 0 && other_terms ? static_cast<double>(NAN) : denominator;
 }
 
 }  // namespace lossfuse::core

@@ -23,6 +23,7 @@
 
 #include "core/cross_entropy_params.hpp"
 #include "core/targets.hpp"
+#include "cuda/block_reduce.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 #include "math/cross_entropy_math.hpp"
@@ -207,10 +208,10 @@ constexpr int kKeepVectors = 16;
 // running max (0 while only -inf has been seen), so no sum cancels against a far-off first value (a masked logit).
 template <class Acc>
 struct Part {
-  Acc m, s;            // online log-sum-exp
-  Acc wz, wp, wpz;     // sum w (z - ref), sum w p, sum w p (z - ref)
-  Acc sw;              // sum w over the values in wz (to move wz with ref)
-  int bad;             // a NaN or +inf z was seen (set from s, or where only -inf and NaN were seen)
+  Acc m, s;         // online log-sum-exp
+  Acc wz, wp, wpz;  // sum w (z - ref), sum w p, sum w p (z - ref)
+  Acc sw;           // sum w over the values in wz (to move wz with ref)
+  int bad;          // a NaN or +inf z was seen (set from s, or where only -inf and NaN were seen)
 };
 
 template <class Acc>
@@ -261,12 +262,141 @@ __device__ Part<Acc> block_combine(Part<Acc> p) {
 
 // ---- cross-entropy --------------------------------------------------------------------------------------------
 
+// ---- device calls (core::CeDeviceCall): weights, target scan and reduction on the device -------------------------
+
+// A device call's record, written by ce_scan_kernel before the row kernels read it.
+struct CeScan {
+  unsigned long long bad;   // rows - (the first bad target's row); 0: none (atomicMax keeps the first)
+  unsigned done;            // scan blocks finished
+  double denominator;       // 'mean': sum of target weights (rows for probability targets)
+  double loss_denominator;  // the loss's and its gradient's (core::split_mean_denominator)
+  double grad_scale;        // mean / sum: the upstream scalar, over loss_denominator for mean
+  double sum_w;             // sum of the class weights (classes when unweighted)
+};
+
+// The scan's grid: a function of the row count alone, so the denominators' summation order is fixed.
+constexpr int kScanThreads = 256;
+constexpr int64_t kScanRowsPerBlock = 8192;
+constexpr int kMaxScanBlocks = 256;
+unsigned scan_grid(int64_t rows) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((rows + kScanRowsPerBlock - 1) / kScanRowsPerBlock, 1, kMaxScanBlocks));
+}
+
+template <class Acc>
+struct ScanArgs {
+  const Acc* w;             // class weights (Acc) or nullptr
+  const void* grad_scalar;  // Acc scalar or nullptr (1)
+  bool mean, split_mean;
+  CeScan* scan;              // zeroed before the kernel
+  double* part_w;            // [gridDim.x] each block's sum of target weights
+  long long* part_counted;   // [gridDim.x] its non-ignored rows
+  long long* part_weighted;  // [gridDim.x] those with a nonzero target weight
+};
+
+// Each block scans its contiguous range of rows (core::scan_targets' checks and sums); the last block to finish sums
+// the blocks' partials in block order and the class weights, and completes the record.
+template <class Acc>
+__global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p, const ScanArgs<Acc> a) {
+  const int64_t per = (p.rows + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * per, hi = min_i64(p.rows, lo + per);
+  double tw = 0;
+  long long counted = 0, weighted = 0;
+  int64_t first_bad = -1;
+  if (!p.soft) {
+    for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
+      const int64_t t = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+      if (t == p.ignore_index) continue;
+      ++counted;
+      if (t < 0 || t >= p.classes) {
+        if (first_bad < 0) first_bad = r;  // this thread's rows ascend
+        continue;
+      }
+      const double wt = a.w != nullptr ? static_cast<double>(a.w[t]) : 1.0;
+      tw += wt;
+      weighted += wt != 0;
+    }
+  }
+  if (first_bad >= 0) atomicMax(&a.scan->bad, static_cast<unsigned long long>(p.rows - first_bad));
+  tw = block_reduce<kScanThreads>(tw, Plus{});
+  counted = block_reduce<kScanThreads>(counted, Plus{});
+  weighted = block_reduce<kScanThreads>(weighted, Plus{});
+  if (threadIdx.x == 0) {
+    a.part_w[blockIdx.x] = tw;
+    a.part_counted[blockIdx.x] = counted;
+    a.part_weighted[blockIdx.x] = weighted;
+  }
+  if (!last_block_done(&a.scan->done)) return;
+  double sum_w = static_cast<double>(p.classes);
+  if (a.w != nullptr) {
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) s += static_cast<double>(a.w[c]);
+    sum_w = block_reduce<kScanThreads>(s, Plus{});
+  }
+  if (threadIdx.x != 0) return;
+  const volatile double* pw = a.part_w;
+  const volatile long long* pc = a.part_counted;
+  const volatile long long* pz = a.part_weighted;
+  double total = 0;
+  long long n = 0, nz = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) total += pw[b], n += pc[b], nz += pz[b];
+  const double den = p.soft ? static_cast<double>(p.rows) : total;
+  const double loss_den = !p.soft && a.split_mean ? core::split_mean_denominator(den, n, nz, true) : den;
+  double gs = a.grad_scalar != nullptr ? static_cast<double>(*static_cast<const Acc*>(a.grad_scalar)) : 1.0;
+  if (a.mean) gs /= loss_den;
+  a.scan->denominator = den;
+  a.scan->loss_denominator = loss_den;
+  a.scan->grad_scale = gs;
+  a.scan->sum_w = sum_w;
+}
+
+// The caller's class weights (any floating dtype and stride) in Acc, as core::load_weights converts them.
+template <class Acc>
+__global__ void weights_kernel(const void* w, DType dtype, int64_t stride, int64_t n, Acc* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i * stride;
+    Acc v = 0;
+    switch (dtype) {
+      case DType::f32: v = static_cast<Acc>(static_cast<const float*>(w)[o]); break;
+      case DType::f64: v = static_cast<Acc>(static_cast<const double*>(w)[o]); break;
+      case DType::f16: v = static_cast<Acc>(__half2float(static_cast<const __half*>(w)[o])); break;
+      case DType::bf16: v = static_cast<Acc>(__bfloat162float(static_cast<const __nv_bfloat16*>(w)[o])); break;
+      default: break;
+    }
+    out[i] = v;
+  }
+}
+
+// 'mean' / 'sum' of a device call: the rows' losses (and z-losses) summed in a fixed tree (each thread its rows in
+// order, then the block), over the record's denominators for mean, into the one-element outputs.
+constexpr int kReduceThreads = 1024;
+template <class Acc>
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_rows_kernel(const double* row_loss, const double* row_zloss, int64_t rows, const CeScan* scan, bool skip_bad,
+                       bool mean, Acc* loss, Acc* z_loss) {
+  if (skip_bad && scan->bad != 0) return;
+  double l = 0, z = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    l += row_loss[r];
+    if (row_zloss != nullptr) z += row_zloss[r];
+  }
+  l = block_reduce<kReduceThreads>(l, Plus{});
+  z = block_reduce<kReduceThreads>(z, Plus{});
+  if (threadIdx.x != 0) return;
+  // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
+  if (loss != nullptr) *loss = static_cast<Acc>(mean ? l / scan->loss_denominator : l);
+  if (z_loss != nullptr) *z_loss = static_cast<Acc>(mean ? z / scan->denominator : z);
+}
+
 template <class T>
 struct CeKernelArgs {
-  CeParams p;                      // device pointers, but for p.weight (see w) and the host-side block sums
-  const math::AccOf<T>* w;         // class weights on the device, or nullptr
-  double* row_loss;                // mean / sum: each row's loss (and z-loss), summed per block afterwards
+  CeParams p;               // device pointers, but for p.weight (see w) and the host-side block sums
+  const math::AccOf<T>* w;  // class weights on the device, or nullptr
+  double* row_loss;         // mean / sum: each row's loss (and z-loss), summed per block afterwards
   double* row_zloss;
+  const CeScan* scan;  // a device call's record (grad_scale, sum_w from it), or nullptr
+  bool skip_bad;       // with scan: a bad target makes the kernel write nothing
 };
 
 // kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
@@ -286,6 +416,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
   rp.eps_over_c = static_cast<Acc>(p.eps / static_cast<double>(C));
   rp.sum_w = static_cast<Acc>(p.sum_w);
   rp.z_loss_scale = static_cast<Acc>(p.z_loss_scale);
+  double grad_scale = p.grad_scale;
+  if (a.scan != nullptr) {
+    if (a.skip_bad && a.scan->bad != 0) return;  // uniform over the grid: nothing is written
+    grad_scale = a.scan->grad_scale;
+    rp.sum_w = static_cast<Acc>(a.scan->sum_w);
+  }
   const Acc* w = a.w;
   const bool need_wz = p.eps != 0.0;
   const bool fwd = p.mode != CeMode::backward;
@@ -431,10 +567,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
       map_row(x, p.x_cstride, g, p.g_cstride, C, [&](int64_t, Acc) { return fill; });
       continue;
     }
-    Acc gscale = static_cast<Acc>(p.grad_scale);
+    Acc gscale = static_cast<Acc>(grad_scale);
     if (p.grad_loss != nullptr) {
-      gscale = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
-                                p.grad_scale);
+      gscale =
+          static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] * grad_scale);
     }
     const Acc A = kSoft ? math::ce_soft_grad_a(rp, rs) : math::ce_index_grad_a(rp, rs.lse, w_y);
     const Acc one_m = Acc(1) - rp.eps;
@@ -461,10 +597,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
 // ---- NLL ------------------------------------------------------------------------------------------------------
 
 template <class T>
-__global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, double* row_loss) {
+__global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, double* row_loss, const CeScan* scan,
+                                   bool skip_bad) {
   using Acc = math::AccOf<T>;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= p.rows) return;
+  if (r >= p.rows || (skip_bad && scan->bad != 0)) return;
   const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
   Acc loss = 0;  // ignored rows contribute exactly 0 (never 0 * x)
   if (y != p.ignore_index) {
@@ -480,18 +617,23 @@ __global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, do
 }
 
 template <class T>
-__global__ void __launch_bounds__(kMaxRowThreads) nll_backward_kernel(const CeParams p, const math::AccOf<T>* w) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    nll_backward_kernel(const CeParams p, const math::AccOf<T>* w, const CeScan* scan, bool skip_bad) {
   using Acc = math::AccOf<T>;
+  double grad_scale = p.grad_scale;
+  if (scan != nullptr) {
+    if (skip_bad && scan->bad != 0) return;
+    grad_scale = scan->grad_scale;
+  }
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     const bool ignored = y == p.ignore_index;
     const bool bad = !ignored && !(y >= 0 && y < p.classes);  // core refused it already: a NaN row, no wild write
     Acc v = 0;
     if (!ignored && !bad) {
-      Acc gs = static_cast<Acc>(p.grad_scale);
+      Acc gs = static_cast<Acc>(grad_scale);
       if (p.grad_loss != nullptr) {
-        gs = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] *
-                              p.grad_scale);
+        gs = static_cast<Acc>(static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)] * grad_scale);
       }
       v = -(w != nullptr ? w[y] : Acc(1)) * gs;
     }
@@ -517,10 +659,81 @@ void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 // The call's device operands, the logits (named `first`) first.
 std::vector<Operand> operands(const CeParams& p, const char* first) {
-  return {{p.logits, first},       {p.target, "target"},    {p.grad, "grad"},
-          {p.loss_rows, "loss"},   {p.lse_rows, "lse"},     {p.zloss_rows, "z_loss"},
-          {p.lse_in, "lse"},       {p.grad_loss, "grad_loss"}};
+  std::vector<Operand> v = {{p.logits, first},     {p.target, "target"},      {p.grad, "grad"},
+                            {p.loss_rows, "loss"}, {p.lse_rows, "lse"},       {p.zloss_rows, "z_loss"},
+                            {p.lse_in, "lse"},     {p.grad_loss, "grad_loss"}};
+  if (const core::CeDeviceCall* c = p.device_call) {
+    v.insert(v.end(), {{c->weight, "weight"}, {c->grad_scalar, "grad_loss"}, {c->loss, "loss"}, {c->z_loss, "z_loss"}});
+  }
+  return v;
 }
+
+// A device call's steps around its row kernels: the class weights in Acc and the scan record, made on the stream
+// at construction; finish() reads the first bad target back into the call (not under stream capture, where nothing
+// synchronises and a bad row is NaN instead).
+template <class Acc>
+class DeviceSteps {
+ public:
+  explicit DeviceSteps(const CeParams& p)
+      : call_(*p.device_call),
+        capturing_(stream_capturing()),
+        weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
+        scan_(1),
+        grid_(scan_grid(p.rows)),
+        part_w_(grid_),
+        part_n_(2 * std::size_t{grid_}) {
+    if (call_.weight != nullptr) {
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((p.classes + 255) / 256, 4096));
+      weights_kernel<Acc><<<blocks, 256, 0, stream()>>>(call_.weight, call_.weight_dtype, call_.weight_stride,
+                                                        p.classes, weights_.get());
+      check(cudaGetLastError(), "weights_kernel");
+    }
+    check(cudaMemsetAsync(scan_.get(), 0, sizeof(CeScan), stream()), "cudaMemsetAsync (scan record)");
+    const ScanArgs<Acc> a{weights_.get(),   call_.grad_scalar,    call_.reduction == Reduction::mean,
+                          call_.split_mean, scan_.get(),          part_w_.get(),
+                          part_n_.get(),    part_n_.get() + grid_};
+    ce_scan_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(p, a);
+    check(cudaGetLastError(), "ce_scan_kernel");
+  }
+  [[nodiscard]] const Acc* weights() const noexcept { return weights_.get(); }
+  [[nodiscard]] const CeScan* scan() const noexcept { return scan_.get(); }
+  [[nodiscard]] bool skip_bad() const noexcept { return !capturing_; }
+
+  // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them.
+  void reduce(const double* row_loss, const double* row_zloss, int64_t rows) const {
+    if (call_.loss == nullptr && call_.z_loss == nullptr) return;
+    reduce_rows_kernel<Acc><<<1, kReduceThreads, 0, stream()>>>(
+        row_loss, row_zloss, rows, scan_.get(), skip_bad(), call_.reduction == Reduction::mean,
+        static_cast<Acc*>(call_.loss), static_cast<Acc*>(call_.z_loss));
+    check(cudaGetLastError(), "reduce_rows_kernel");
+  }
+
+  void finish(const CeParams& p) {
+    if (capturing_) return;
+    unsigned long long bad = 0;
+    check(cudaMemcpyAsync(&bad, &scan_.get()->bad, sizeof bad, cudaMemcpyDeviceToHost, stream()),
+          "cudaMemcpyAsync (scan record)");
+    check(cudaStreamSynchronize(stream()), "cross_entropy / nll kernels");
+    if (bad == 0) return;
+    call_.bad_row = p.rows - static_cast<int64_t>(bad);
+    const std::size_t bytes = dtype_size(p.target_dtype);
+    unsigned char value[8] = {};
+    const auto* at = static_cast<const unsigned char*>(p.target) +
+                     p.index.offset(core::kTargetRow, call_.bad_row) * static_cast<int64_t>(bytes);
+    check(cudaMemcpyAsync(value, at, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (bad target)");
+    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
+    call_.bad_value = core::read_target(value, p.target_dtype, 0);
+  }
+
+ private:
+  core::CeDeviceCall& call_;
+  bool capturing_;
+  Scratch<Acc> weights_;
+  Scratch<CeScan> scan_;
+  unsigned grid_;
+  Scratch<double> part_w_;
+  Scratch<long long> part_n_;
+};
 
 // Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
 template <class Acc>
@@ -556,22 +769,52 @@ void launch_ce(bool soft, bool cap, bool sums, bool keep, unsigned grid, int thr
   soft ? with_cap(std::true_type{}) : with_cap(std::false_type{});
 }
 
+// Whether a fused call's rows fit KeptRow with `threads` threads.
+template <class T>
+bool keeps_row(const CeParams& p, int threads) {
+  return p.mode == CeMode::forward_backward && p.x_cstride == 1 && p.g_cstride == 1 &&
+         p.classes * static_cast<int64_t>(sizeof(T)) <= int64_t{16} * kKeepVectors * (threads - 1);
+}
+
+template <class T>
+void ce_run_device(const CeParams& p) {
+  using Acc = math::AccOf<T>;
+  const bool reduced = p.device_call->loss != nullptr || p.device_call->z_loss != nullptr;
+  if (p.rows == 0 && !reduced) return;
+  const DeviceScope scope(operands(p, "logits"));
+  DeviceSteps<Acc> steps(p);
+  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
+  if (p.rows > 0) {
+    CeKernelArgs<T> a{p,
+                      steps.weights(),
+                      rows_loss.get(),
+                      reduced ? rows_loss.get() + p.rows : nullptr,
+                      steps.scan(),
+                      steps.skip_bad()};
+    a.p.device_call = nullptr;
+    const int threads = row_threads(p.classes);
+    launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keeps_row<T>(p, threads), row_grid(p.rows), threads, a);
+    check_launch("ce_rows_kernel");
+  }
+  if (reduced) steps.reduce(rows_loss.get(), rows_loss.get() + p.rows, p.rows);
+  steps.finish(p);
+}
+
 template <class T>
 void ce_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
+  if (p.device_call != nullptr) return ce_run_device<T>(p);
   if (p.rows == 0) return;
   const DeviceScope scope(operands(p, "logits"));
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
   const bool reduced = p.block_loss != nullptr;
   const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
-  CeKernelArgs<T> a{p, upload_weights<Acc>(p, wbuf), rows_loss.get(), reduced ? rows_loss.get() + p.rows : nullptr};
+  CeKernelArgs<T> a{
+      p, upload_weights<Acc>(p, wbuf), rows_loss.get(), reduced ? rows_loss.get() + p.rows : nullptr, nullptr, false};
   a.p.weight = nullptr;
   a.p.block_loss = a.p.block_zloss = nullptr;
   const int threads = row_threads(p.classes);
-  const unsigned grid = row_grid(p.rows);
-  const bool keep = p.mode == CeMode::forward_backward && p.x_cstride == 1 && p.g_cstride == 1 &&
-                    p.classes * static_cast<int64_t>(sizeof(T)) <= int64_t{16} * kKeepVectors * (threads - 1);
-  launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keep, grid, threads, a);
+  launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keeps_row<T>(p, threads), row_grid(p.rows), threads, a);
   check_launch("ce_rows_kernel");
   if (reduced) {
     finish_blocks(a.row_loss, p.rows, p.rows_per_block, p.block_loss);
@@ -581,8 +824,34 @@ void ce_run(const CeParams& p) {
 }
 
 template <class T>
+void nll_run_device(const CeParams& p) {
+  using Acc = math::AccOf<T>;
+  const bool reduced = p.device_call->loss != nullptr;
+  if (p.rows == 0 && !reduced) return;
+  const DeviceScope scope(operands(p, "input"));
+  DeviceSteps<Acc> steps(p);
+  CeParams q = p;
+  q.device_call = nullptr;
+  if (p.mode == CeMode::forward) {
+    const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
+    if (p.rows > 0) {
+      nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(
+          q, steps.weights(), rows_loss.get(), steps.scan(), steps.skip_bad());
+      check_launch("nll_forward_kernel");
+    }
+    if (reduced) steps.reduce(rows_loss.get(), nullptr, p.rows);
+  } else if (p.rows > 0) {
+    nll_backward_kernel<T>
+        <<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, steps.weights(), steps.scan(), steps.skip_bad());
+    check_launch("nll_backward_kernel");
+  }
+  steps.finish(p);
+}
+
+template <class T>
 void nll_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
+  if (p.device_call != nullptr) return nll_run_device<T>(p);
   if (p.rows == 0) return;
   const DeviceScope scope(operands(p, "input"));
   const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
@@ -593,11 +862,12 @@ void nll_run(const CeParams& p) {
   if (p.mode == CeMode::forward) {
     const bool reduced = p.block_loss != nullptr;
     const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
-    nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(q, w, rows_loss.get());
+    nll_forward_kernel<T>
+        <<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(q, w, rows_loss.get(), nullptr, false);
     check_launch("nll_forward_kernel");
     if (reduced) finish_blocks(rows_loss.get(), p.rows, p.rows_per_block, p.block_loss);
   } else {
-    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, w);
+    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, w, nullptr, false);
     check_launch("nll_backward_kernel");
   }
   check(cudaStreamSynchronize(stream()), "nll kernels");

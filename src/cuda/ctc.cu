@@ -22,6 +22,7 @@
 
 #include "core/ctc_params.hpp"
 #include "core/targets.hpp"
+#include "cuda/block_reduce.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 #include "math/ctc_math.hpp"
@@ -61,21 +62,6 @@ __device__ Acc* alpha_row(const CtcArgs<Acc>& a, int64_t b, int64_t t) {
 template <class T>
 __device__ math::AccOf<T> lp_at(const core::CtcParams& p, int64_t t, int64_t b, int64_t c) {
   return math::Io<T>::load(static_cast<const T*>(p.log_probs), t * p.lp_st + b * p.lp_sn + c * p.lp_sc);
-}
-
-// op over the block's values v in a fixed tree (the same order on every run); every thread gets the result.
-template <class Acc, class Op>
-__device__ Acc block_reduce(Acc v, Op op) {
-  __shared__ Acc buf[kThreads];
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + w]);
-    __syncthreads();
-  }
-  const Acc r = buf[0];
-  __syncthreads();  // buf is reused by the next reduction
-  return r;
 }
 
 // Sample b's l' into a.lab, then alpha over t < il; returns nll (every thread). `fill`: the workspace's entries
@@ -189,12 +175,12 @@ __global__ void __launch_bounds__(kThreads) ctc_backward_kernel(const CtcArgs<ma
     // the blank's occupancy: every even position
     Acc m = ninf;
     for (int64_t s = 2 * threadIdx.x; s < len; s += 2 * blockDim.x) m = max_op(m, al[s] + cur[s]);
-    m = block_reduce(m, max_op);
+    m = block_reduce<kThreads>(m, max_op);
     Acc sum = 0;
     if (m != ninf) {
       for (int64_t s = 2 * threadIdx.x; s < len; s += 2 * blockDim.x) sum += std::exp(al[s] + cur[s] - m);
     }
-    sum = block_reduce(sum, add_op);
+    sum = block_reduce<kThreads>(sum, add_op);
     if (threadIdx.x == 0) lcab[p.blank] = m == ninf ? ninf : m + std::log(sum);
     // each label's occupancy, by the thread of its first position
     for (int64_t s = 1 + 2 * threadIdx.x; s < len; s += 2 * blockDim.x) {

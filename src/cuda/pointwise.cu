@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/pointwise_params.hpp"
+#include "cuda/block_reduce.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 #include "math/pointwise_math.hpp"
@@ -22,25 +23,11 @@ using std::int64_t;
 
 constexpr int kThreads = 256;
 
-// Sums v over the block in a fixed order (a tree over the threads' slots); every thread gets the total.
-__device__ double block_sum(double v, double* slots) {
-  slots[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) slots[threadIdx.x] += slots[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = slots[0];
-  __syncthreads();
-  return total;
-}
-
 template <class Loss, class T>
 __global__ void __launch_bounds__(kThreads)
     pointwise_kernel(const PwParams p, double* tile_loss, double* tile_weight, char* tile_bad) {
   using Acc = math::AccOf<T>;
   using Io = math::Io<T>;
-  __shared__ double slots[kThreads];
   const math::ScalarOps<Acc> o{};
   const math::PwConsts<Acc> k{static_cast<Acc>(p.a), static_cast<Acc>(p.b)};
   const int last = p.ndim - 1;
@@ -97,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
       if (GZ != nullptr) Io::store(GZ, at(core::kPwGZ, i), dz);
     }
     if (p.backward || !sums) continue;  // (uniform over the block)
-    const double sl = block_sum(tl, slots), sw = block_sum(tw, slots);
+    const double sl = block_reduce<kThreads>(tl, Plus{}), sw = block_reduce<kThreads>(tw, Plus{});
     const int any_bad = __syncthreads_or(bad ? 1 : 0);
     if (threadIdx.x == 0) {
       if (tile_loss != nullptr) tile_loss[t] = sl;
@@ -125,8 +112,8 @@ struct TileArray {
 void pointwise_run(const PwParams& p) {
   const int64_t tiles = p.rows * p.tiles_per_row;
   if (tiles == 0) return;
-  const char* names[core::kPwViews] = {"input", "target", "third operand", "weight", "grad_input", "grad_target",
-                                       "grad_third", "grad_loss"};
+  const char* names[core::kPwViews] = {"input",      "target",      "third operand", "weight",
+                                       "grad_input", "grad_target", "grad_third",    "grad_loss"};
   std::vector<Operand> operands{{p.ptr[core::kPwX], names[core::kPwX]}};
   for (int v = 1; v < core::kPwViews; ++v) operands.emplace_back(p.ptr[v], names[v]);
   operands.emplace_back(p.loss_rows, "loss");

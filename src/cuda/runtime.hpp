@@ -1,7 +1,8 @@
 // The CUDA backend's runtime helpers: error checks that become lossfuse::Error, the calling thread's stream, and
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
 // (include/lossfuse/device.hpp; default: the legacy default stream); the entries synchronise that stream before they
-// return (core reads the block partials on the host).
+// return (core reads the block partials on the host), but for cross-entropy's and NLL's device calls
+// (core::CeDeviceCall), which read back one value and, under stream capture, none.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -73,6 +74,13 @@ class DeviceScope {
 
 // The calling thread's stream (lossfuse::set_cuda_stream).
 inline cudaStream_t stream() noexcept { return static_cast<cudaStream_t>(cuda_stream()); }
+
+// Whether the calling thread's stream is being captured into a CUDA graph: then nothing may synchronise with it.
+inline bool stream_capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream(), &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
 
 // The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps up to 64 MiB of what it frees
 // (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm. Used

@@ -170,6 +170,66 @@ TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
   }
 }
 
+void cuda_check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+// A weighted, label-smoothed, fused mean call captured into a CUDA graph on a stream of the caller's (torch's
+// capture mode: global) and replayed twice: no host synchronisation during capture, and the same bits as the eager
+// call. Under capture nothing is read back, so a bad target makes the loss NaN instead of an error.
+TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
+  for (bool bad : {false, true}) {
+    Spec s = base_spec(DType::bf16, DType::i32);
+    s.shape = {512, 32000};
+    s.eps = 0.1;
+    s.weight = true;
+    Problem p = build(s);
+    auto bits = [&](bool captured) {
+      Fwd f = make_outputs(p, true, true);
+      Tensor grad = p.new_grad(Layout::contiguous);
+      Mirror m(&kCuda);
+      CrossEntropyOptions o = p.options();
+      o.weight = m(p.weight);
+      const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
+      const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
+      if (!captured) {
+        lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g);
+      } else {
+        cudaStream_t stream = nullptr;
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        {
+          const lossfuse::CudaStreamScope scope(stream);
+          cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+          try {
+            lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g);
+          } catch (const lossfuse::Error& e) {
+            ADD_FAILURE() << "under capture: " << e.what();
+          }
+          cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+        }
+        cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+        for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+        cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        (void)cudaGraphExecDestroy(exec);
+        (void)cudaGraphDestroy(graph);
+        (void)cudaStreamDestroy(stream);
+      }
+      m.download();
+      if (captured && bad) EXPECT_TRUE(std::isnan(f.loss.values()[0])) << "a bad target under capture";
+      std::vector<std::uint8_t> b = f.loss.storage;
+      b.insert(b.end(), f.lse.storage.begin(), f.lse.storage.end());
+      b.insert(b.end(), grad.storage.begin(), grad.storage.end());
+      return b;
+    };
+    if (bad) {
+      p.target.set_int(5, -3);
+      (void)bits(true);
+    } else {
+      EXPECT_TRUE(bits(false) == bits(true)) << "the captured call's bits differ from the eager call's";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ce
 
