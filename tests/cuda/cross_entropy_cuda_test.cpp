@@ -21,6 +21,34 @@ namespace {
 
 std::string param_name(const auto& i) { return i.param.name; }
 
+void cuda_check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+// Runs `call` captured into a CUDA graph on a stream of its own (torch's capture mode: global, so any host
+// synchronisation in the call fails the capture), then replays the graph twice.
+template <class F>
+void run_captured(F&& call) {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  {
+    const lossfuse::CudaStreamScope scope(stream);
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    try {
+      call();
+    } catch (const lossfuse::Error& e) {
+      ADD_FAILURE() << "under capture: " << e.what();
+    }
+    cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  }
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  (void)cudaStreamDestroy(stream);
+}
+
 }  // namespace
 
 namespace ce {
@@ -170,8 +198,6 @@ TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
   }
 }
 
-void cuda_check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
-
 // A weighted, label-smoothed, fused mean call captured into a CUDA graph on a stream of the caller's (torch's
 // capture mode: global) and replayed twice: no host synchronisation during capture, and the same bits as the eager
 // call. Under capture nothing is read back, so a bad target makes the loss NaN instead of an error.
@@ -190,29 +216,11 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
       o.weight = m(p.weight);
       const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
       const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
-      if (!captured) {
-        lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g);
+      auto call = [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g); };
+      if (captured) {
+        run_captured(call);
       } else {
-        cudaStream_t stream = nullptr;
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-        {
-          const lossfuse::CudaStreamScope scope(stream);
-          cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-          try {
-            lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g);
-          } catch (const lossfuse::Error& e) {
-            ADD_FAILURE() << "under capture: " << e.what();
-          }
-          cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-        }
-        cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-        for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-        cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        (void)cudaGraphExecDestroy(exec);
-        (void)cudaGraphDestroy(graph);
-        (void)cudaStreamDestroy(stream);
+        call();
       }
       m.download();
       if (captured && bad) EXPECT_TRUE(std::isnan(f.loss.values()[0])) << "a bad target under capture";
@@ -245,6 +253,41 @@ INSTANTIATE_TEST_SUITE_P(Layouts, NllCuda, ::testing::ValuesIn(layout_specs()),
 INSTANTIATE_TEST_SUITE_P(TargetDtypes, NllCuda, ::testing::ValuesIn(target_specs()),
                          [](const auto& i) { return param_name(i); });
 INSTANTIATE_TEST_SUITE_P(Edge, NllCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
+
+// A weighted 'mean' forward and backward captured into a CUDA graph (run_captured) give the eager calls' bits.
+TEST(NllCudaGraph, CapturedCallsMatchEager) {
+  Spec s;
+  s.dt = DType::f32;
+  s.red = Reduction::mean;
+  s.shape = {300, 1000};
+  s.weight = true;
+  s.ignore_frac = 0.2;
+  s.name = "graph";
+  Problem p = build(s);
+  auto bits = [&](bool captured) {
+    Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+    Tensor grad = Tensor::make(s.dt, s.shape, Layout::contiguous, kSentinel);
+    Mirror m(&kCuda);
+    NllOptions o = p.options();
+    o.weight = m(p.weight);
+    const TensorView input = m(p.input), target = m(p.target), l = m(loss), g = m(grad);
+    const std::optional<TensorView> up = m(p.grad_loss);
+    auto call = [&] {
+      lossfuse::nll_forward(input, target, o, l);
+      lossfuse::nll_backward(input, target, up, o, g);
+    };
+    if (captured) {
+      run_captured(call);
+    } else {
+      call();
+    }
+    m.download();
+    std::vector<std::uint8_t> b = loss.storage;
+    b.insert(b.end(), grad.storage.begin(), grad.storage.end());
+    return b;
+  };
+  EXPECT_TRUE(bits(false) == bits(true)) << "the captured calls' bits differ from the eager calls'";
+}
 
 }  // namespace
 }  // namespace nll
