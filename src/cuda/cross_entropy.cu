@@ -5,10 +5,11 @@
 // contiguous), each thread keeping an online (max, sum) pair and the label-smoothing / soft-target sums; the block
 // combines them in a fixed order (bitwise the same on every run). The gradient pass recomputes exp(z - lse) from a
 // second read of the row and writes the gradient (over the logits when in place: each element is read before the
-// same thread writes it). Row losses for 'mean' / 'sum' go to a double per row, summed per fixed block of rows in
-// row order, so the reduction matches the CPU backend's order. Class targets are read in their own integer dtype;
-// core has validated them, and a target the kernel still finds out of range makes its row NaN, never an
-// out-of-bounds read.
+// same thread writes it). Row losses for 'mean' / 'sum' go to a double per row. Class targets are read in their own
+// integer dtype, and a target the kernel finds out of range makes its row NaN, never an out-of-bounds read.
+// Two roads (CeParams::device_call): core's calls scan the targets and reduce on the device (ce_scan_kernel,
+// reduce_rows_kernel: fixed trees, the same bits on every run, not the CPU's summation order); the fused linear
+// runner's chunks take core's host steps, the row sums per fixed block of rows in row order, as on the CPU.
 // Accumulation in float32 (float64 for float64 logits); exp is the hardware's (__expf, a few ulp relative error at
 // the arguments <= 0 used here).
 #include <cuda_bf16.h>
@@ -268,6 +269,7 @@ __device__ Part<Acc> block_combine(Part<Acc> p) {
 struct CeScan {
   unsigned long long bad;   // rows - (the first bad target's row); 0: none (atomicMax keeps the first)
   unsigned done;            // scan blocks finished
+  unsigned reduce_done;     // reduce_rows_kernel's blocks finished
   double denominator;       // 'mean': sum of target weights (rows for probability targets)
   double loss_denominator;  // the loss's and its gradient's (core::split_mean_denominator)
   double grad_scale;        // mean / sum: the upstream scalar, over loss_denominator for mean
@@ -368,22 +370,31 @@ __global__ void weights_kernel(const void* w, DType dtype, int64_t stride, int64
   }
 }
 
-// 'mean' / 'sum' of a device call: the rows' losses (and z-losses) summed in a fixed tree (each thread its rows in
-// order, then the block), over the record's denominators for mean, into the one-element outputs.
-constexpr int kReduceThreads = 1024;
+// 'mean' / 'sum' of a device call: each block of the scan's grid (scan_grid, a function of the row count) sums its
+// contiguous range of the rows' losses (and z-losses) in a fixed tree, and the last block to finish sums the blocks'
+// partials in block order, over the record's denominators for mean, into the one-element outputs.
 template <class Acc>
-__global__ void __launch_bounds__(kReduceThreads)
-    reduce_rows_kernel(const double* row_loss, const double* row_zloss, int64_t rows, const CeScan* scan, bool skip_bad,
-                       bool mean, Acc* loss, Acc* z_loss) {
+__global__ void __launch_bounds__(kScanThreads)
+    reduce_rows_kernel(const double* row_loss, const double* row_zloss, int64_t rows, CeScan* scan, bool skip_bad,
+                       bool mean, double* part, Acc* loss, Acc* z_loss) {
   if (skip_bad && scan->bad != 0) return;
+  const int64_t per = (rows + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * per, hi = min_i64(rows, lo + per);
   double l = 0, z = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+  for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
     l += row_loss[r];
     if (row_zloss != nullptr) z += row_zloss[r];
   }
-  l = block_reduce<kReduceThreads>(l, Plus{});
-  z = block_reduce<kReduceThreads>(z, Plus{});
-  if (threadIdx.x != 0) return;
+  l = block_reduce<kScanThreads>(l, Plus{});
+  z = block_reduce<kScanThreads>(z, Plus{});
+  if (threadIdx.x == 0) {
+    part[2 * blockIdx.x] = l;
+    part[2 * blockIdx.x + 1] = z;
+  }
+  if (!last_block_done(&scan->reduce_done) || threadIdx.x != 0) return;
+  const volatile double* pv = part;
+  l = z = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) l += pv[2 * b], z += pv[2 * b + 1];
   // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
   if (loss != nullptr) *loss = static_cast<Acc>(mean ? l / scan->loss_denominator : l);
   if (z_loss != nullptr) *z_loss = static_cast<Acc>(mean ? z / scan->denominator : z);
@@ -391,7 +402,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 template <class T>
 struct CeKernelArgs {
-  CeParams p;               // device pointers, but for p.weight (see w) and the host-side block sums
+  CeParams p;               // device pointers, but for p.weight (see w), the host-side block sums and device_call
   const math::AccOf<T>* w;  // class weights on the device, or nullptr
   double* row_loss;         // mean / sum: each row's loss (and z-loss), summed per block afterwards
   double* row_zloss;
@@ -680,7 +691,7 @@ class DeviceSteps {
         weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
         scan_(1),
         grid_(scan_grid(p.rows)),
-        part_w_(grid_),
+        part_w_(2 * std::size_t{grid_}),
         part_n_(2 * std::size_t{grid_}) {
     if (call_.weight != nullptr) {
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((p.classes + 255) / 256, 4096));
@@ -702,8 +713,9 @@ class DeviceSteps {
   // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them.
   void reduce(const double* row_loss, const double* row_zloss, int64_t rows) const {
     if (call_.loss == nullptr && call_.z_loss == nullptr) return;
-    reduce_rows_kernel<Acc><<<1, kReduceThreads, 0, stream()>>>(
-        row_loss, row_zloss, rows, scan_.get(), skip_bad(), call_.reduction == Reduction::mean,
+    // part_w_ is the scan's, done with by now (stream order)
+    reduce_rows_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(
+        row_loss, row_zloss, rows, scan_.get(), skip_bad(), call_.reduction == Reduction::mean, part_w_.get(),
         static_cast<Acc*>(call_.loss), static_cast<Acc*>(call_.z_loss));
     check(cudaGetLastError(), "reduce_rows_kernel");
   }

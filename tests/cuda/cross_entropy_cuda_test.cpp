@@ -21,31 +21,38 @@ namespace {
 
 std::string param_name(const auto& i) { return i.param.name; }
 
-void cuda_check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+bool cuda_ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
+  return false;
+}
 
 // Runs `call` captured into a CUDA graph on a stream of its own (torch's capture mode: global, so any host
-// synchronisation in the call fails the capture), then replays the graph twice.
+// synchronisation in the call fails the capture), then replays the graph twice. Stops at the first failure; the
+// capture always ends.
 template <class F>
 void run_captured(F&& call) {
   cudaStream_t stream = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")) return;
+  bool ok = false;
   {
     const lossfuse::CudaStreamScope scope(stream);
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-    try {
-      call();
-    } catch (const lossfuse::Error& e) {
-      ADD_FAILURE() << "under capture: " << e.what();
+    if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture")) {
+      try {
+        call();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "under capture: " << e.what();
+      }
+      ok = cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     }
-    cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
   }
-  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
+  ok = ok && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; ok && i < 2; ++i) ok = cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  if (ok) (void)cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
   (void)cudaStreamDestroy(stream);
 }
 
@@ -233,7 +240,8 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
       p.target.set_int(5, -3);
       (void)bits(true);
     } else {
-      EXPECT_TRUE(bits(false) == bits(true)) << "the captured call's bits differ from the eager call's";
+      const auto eager = bits(false);
+      EXPECT_TRUE(bits(true) == eager) << "the captured call's bits differ from the eager call's";
     }
   }
 }
@@ -253,6 +261,42 @@ INSTANTIATE_TEST_SUITE_P(Layouts, NllCuda, ::testing::ValuesIn(layout_specs()),
 INSTANTIATE_TEST_SUITE_P(TargetDtypes, NllCuda, ::testing::ValuesIn(target_specs()),
                          [](const auto& i) { return param_name(i); });
 INSTANTIATE_TEST_SUITE_P(Edge, NllCuda, ::testing::ValuesIn(edge_specs()), [](const auto& i) { return param_name(i); });
+
+// A bad class index is an index_error naming its position and value, forward and backward; nothing is written.
+TEST(NllCudaErrors, BadTargetNamesPositionAndWritesNothing) {
+  for (DType tdt : {DType::u8, DType::i32, DType::i64}) {
+    Spec s;
+    s.dt = DType::f32;
+    s.red = Reduction::mean;
+    s.tdt = tdt;
+    s.shape = {40, 30};
+    s.name = "bad_target";
+    Problem p = build(s);
+    p.target.set_int(17, tdt == DType::u8 ? 200 : -3);
+    Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+    Tensor grad = Tensor::make(s.dt, s.shape, Layout::contiguous, kSentinel);
+    const auto sentinel_loss = loss.storage, sentinel_grad = grad.storage;
+    Mirror m(&kCuda);
+    const TensorView input = m(p.input), target = m(p.target);
+    for (int backward = 0; backward < 2; ++backward) {
+      try {
+        if (backward) {
+          lossfuse::nll_backward(input, target, std::nullopt, p.options(), m(grad));
+        } else {
+          lossfuse::nll_forward(input, target, p.options(), m(loss));
+        }
+        ADD_FAILURE() << "no error for a bad target of dtype " << lossfuse::dtype_name(tdt);
+      } catch (const lossfuse::Error& e) {
+        EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error);
+        EXPECT_NE(std::string(e.what()).find("at position [17]"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(tdt == DType::u8 ? "200" : "-3"), std::string::npos) << e.what();
+      }
+    }
+    m.download();
+    EXPECT_TRUE(loss.storage == sentinel_loss) << "loss written despite the error";
+    EXPECT_TRUE(grad.storage == sentinel_grad) << "gradient written despite the error";
+  }
+}
 
 // A weighted 'mean' forward and backward captured into a CUDA graph (run_captured) give the eager calls' bits.
 TEST(NllCudaGraph, CapturedCallsMatchEager) {
@@ -286,7 +330,8 @@ TEST(NllCudaGraph, CapturedCallsMatchEager) {
     b.insert(b.end(), grad.storage.begin(), grad.storage.end());
     return b;
   };
-  EXPECT_TRUE(bits(false) == bits(true)) << "the captured calls' bits differ from the eager calls'";
+  const auto eager = bits(false);
+  EXPECT_TRUE(bits(true) == eager) << "the captured calls' bits differ from the eager calls'";
 }
 
 }  // namespace
