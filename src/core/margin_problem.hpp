@@ -57,17 +57,6 @@ LF_HOST_DEVICE Acc margin_upstream(const MarginParams& p, std::int64_t r) {
   return static_cast<Acc>(p.grad_scale);
 }
 
-// A target value of any dtype (cosine_embedding's float or integer target) at element offset i, widened to double.
-LF_HOST_DEVICE double margin_read_float(const void* base, DType t, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f64: return static_cast<const double*>(base)[i];
-    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    default: return static_cast<double>(read_target(base, t, i));
-  }
-}
-
 // Row dims of t (all dims when !has_last, else all but the last) into view v; the last dim's stride to inner.
 inline void set_margin_view(MarginParams& p, int v, const TensorView& t, bool has_last) {
   const int nd = has_last ? t.ndim - 1 : t.ndim;

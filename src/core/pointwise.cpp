@@ -13,6 +13,7 @@
 #include "core/check.hpp"
 #include "core/class_problem.hpp"
 #include "core/pointwise_params.hpp"
+#include "core/targets.hpp"
 #include "lossfuse/parallel.hpp"
 #include "math/half.hpp"
 #include "math/storage.hpp"
@@ -50,16 +51,6 @@ struct GradOut {
   const std::optional<TensorView>* g[3] = {nullptr, nullptr, nullptr};
   const char* name[3] = {"grad_input", "grad_target", "grad_var"};
 };
-
-double read_float(const void* base, DType t, std::int64_t off) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[off];
-    case DType::f64: return static_cast<const double*>(base)[off];
-    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[off]);
-    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[off]);
-    default: return 0;
-  }
-}
 
 // Row-major position of flat index i in shape t: "[i0, i1, ...]", and its element offset.
 std::string position(const TensorView& t, std::int64_t i, std::int64_t* offset) {
@@ -125,7 +116,7 @@ void scan_values(const TensorView& view, const char* name, const char* expected,
     std::int64_t off = 0;
     const std::string pos = position(t, i, &off);
     char buf[40];
-    std::snprintf(buf, sizeof buf, "%.9g", read_float(t.data, t.dtype, off));
+    std::snprintf(buf, sizeof buf, "%.9g", core::read_as_double(t.data, t.dtype, off));
     throw Error(ErrorCode::invalid_value, name, expected, std::string(buf) + " at position " + pos);
   }
 }

@@ -10,6 +10,7 @@
 #include "core/row_index.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
+#include "math/half.hpp"
 #include "math/host_device.hpp"
 
 namespace lossfuse::core {
@@ -23,6 +24,18 @@ LF_HOST_DEVICE std::int64_t read_target(const void* base, DType dtype, std::int6
     case DType::i32: return static_cast<const std::int32_t*>(base)[offset];
     case DType::i64: return static_cast<const std::int64_t*>(base)[offset];
     default: return 0;
+  }
+}
+
+// Element `offset` of a view of any dtype (floating, or integer as read_target reads it) widened to double, in every
+// backend's code: cosine_embedding's float or integer target, the values error messages name.
+LF_HOST_DEVICE double read_as_double(const void* base, DType dtype, std::int64_t offset) noexcept {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(base)[offset];
+    case DType::f64: return static_cast<const double*>(base)[offset];
+    case DType::f16: return math::f16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
+    case DType::bf16: return math::bf16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
+    default: return static_cast<double>(read_target(base, dtype, offset));
   }
 }
 

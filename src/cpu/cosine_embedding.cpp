@@ -42,7 +42,7 @@ MarginAcc<T> CosineRow(const core::MarginParams& p, std::int64_t r) {
   using V = hn::Vec<decltype(d)>;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t vec_end = contiguous ? D - D % N : 0;
-  const double y = core::margin_read_float(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
+  const double y = core::read_as_double(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
   const Acc margin_ = static_cast<Acc>(p.margin);
 
   V v12 = hn::Zero(d), v11 = hn::Zero(d), v22 = hn::Zero(d);

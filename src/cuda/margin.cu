@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) cosine_kernel(const MarginArgs a) {
   const Acc margin = static_cast<Acc>(p.margin);
   for (int64_t r = Gr::slot(); r < p.rows; r += Gr::step()) {
     const RowAt x1 = row_at(p, core::kMvX0, r), x2 = row_at(p, core::kMvX1, r);
-    const double y = core::margin_read_float(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
+    const double y = core::read_as_double(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
     Acc s[3] = {0, 0, 0};  // sum x1 x2, sum x1^2, sum x2^2
     for (int64_t c = Gr::lane(); c < p.D; c += G) {
       const Acc u = ld<T>(p.x[0], x1(c)), v = ld<T>(p.x[1], x2(c));
