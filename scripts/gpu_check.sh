@@ -51,23 +51,19 @@ step "cuda pointwise tests" 240 "$bin/test_pointwise_cuda_test" --gtest_brief=1
 step "cuda margin tests" 240 "$bin/test_margin_cuda_test" --gtest_brief=1
 step "cuda ctc tests" 240 "$bin/test_ctc_cuda_test" --gtest_brief=1
 step "cuda linear tests" 240 "$bin/test_linear_cross_entropy_cuda_test" --gtest_brief=1
-sub='Options/*f32_mean*:*Errors*:TargetDtypes/*i8*'
-step "memcheck" 240 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter="$sub"
-step "memcheck pointwise" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_pointwise_cuda_test" --gtest_brief=1 --gtest_filter='Layouts/*f32*:Edge/*bf16*:*Errors*'
-step "memcheck margin" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_margin_cuda_test" --gtest_brief=1 --gtest_filter='Layouts/*:Edge/*f32*:LongRows/*f32*:*Errors*'
-step "memcheck linear" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_linear_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter='*f32_mean_N7*:*Edge*:*Errors*'
-step "memcheck ctc" 180 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_ctc_cuda_test" --gtest_brief=1 --gtest_filter='*Empty*:*Bad*:*IntegerDtypes*'
-step "racecheck ctc" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_ctc_cuda_test" --gtest_brief=1 --gtest_filter='*DtypesReductions*:*Repeats*'
-step "racecheck margin" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_margin_cuda_test" --gtest_brief=1 --gtest_filter='Layouts/*:LongRows/*bf16*:*Determinism*'
-step "racecheck" 180 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-  "$bin/test_cross_entropy_cuda_test" --gtest_brief=1 --gtest_filter='Shapes/*bf16*mean*:Soft/*bf16*'
+# sanitize STEP TOOL TEST_BINARY GTEST_FILTER [TIMEOUT_S]: compute-sanitizer's TOOL on a subset of one CUDA test binary
+sanitize() {
+  step "$1" "${5:-180}" compute-sanitizer --tool "$2" --error-exitcode 1 --print-limit 20 "$bin/$3" --gtest_brief=1 \
+    --gtest_filter="$4"
+}
+sanitize "memcheck" memcheck test_cross_entropy_cuda_test 'Options/*f32_mean*:*Errors*:TargetDtypes/*i8*:*Graph*' 240
+sanitize "memcheck pointwise" memcheck test_pointwise_cuda_test 'Layouts/*f32*:Edge/*bf16*:*Errors*'
+sanitize "memcheck margin" memcheck test_margin_cuda_test 'Layouts/*:Edge/*f32*:LongRows/*f32*:*Errors*'
+sanitize "memcheck linear" memcheck test_linear_cross_entropy_cuda_test '*f32_mean_N7*:*Edge*:*Errors*'
+sanitize "memcheck ctc" memcheck test_ctc_cuda_test '*Empty*:*Bad*:*IntegerDtypes*'
+sanitize "racecheck ctc" racecheck test_ctc_cuda_test '*DtypesReductions*:*Repeats*'
+sanitize "racecheck margin" racecheck test_margin_cuda_test 'Layouts/*:LongRows/*bf16*:*Determinism*'
+sanitize "racecheck" racecheck test_cross_entropy_cuda_test 'Shapes/*bf16*mean*:Soft/*bf16*:*Graph*'
 step "lossfuse bench" 240 "$bin/lossfuse_cuda_bench" "$out/cuda_bench.csv"
 step "torch bench" 240 python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
 # The torch extension against this machine's torch (its C++ ABI), into .gpu/py; Highway from scripts/gpu_build.sh
