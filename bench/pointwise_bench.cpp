@@ -9,9 +9,11 @@
 //             bytes moved = k*N*elem read.
 //   backward  <loss>_backward, reduction mean, no upstream gradient, the input's gradient only (input1 for
 //             margin_ranking) into a preallocated buffer; bytes moved = k*N*elem read + N*elem written.
+//   fwd+bwd   <loss>_forward_backward: the forward's loss and the backward's gradient in one pass; bytes moved as
+//             backward's; its baseline is the forward then the backward (speedup = their time over its).
 // Each is timed interleaved with a probe over the same total bytes: forward with the read probe over the k
-// operands; backward with the copy probe over (k+1)/2*N*elem (as much read as written: (k+1)*N*elem in all;
-// no probe has the kernel's k:1 read:write mix, the copy is the closest).
+// operands; backward and fwd+bwd with the copy probe over (k+1)/2*N*elem (as much read as written: (k+1)*N*elem
+// in all; no probe has the kernel's k:1 read:write mix, the copy is the closest).
 // Before timing, for mse/l1/smooth_l1/huber the forward loss must agree with a float64 scalar sum to a
 // relative 1e-4 (f32) / 1e-3 (bf16) and sampled gradient elements with the formula; for the others the loss
 // and sampled gradients must be finite. A failed check is reported as a FAIL row (timed anyway).
@@ -54,7 +56,8 @@ double sgn(double d) { return d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0; }
 
 // One row per elementwise loss (a LossKind): its operand count (3: gaussian_nll's var, margin_ranking's
 // (input1, input2, target)); how operand j is drawn from an N(0, 1) sample v (nullptr: v itself); its forward
-// (reduction mean, default options) and backward (the first operand's gradient only); and, where the loss is a
+// (reduction mean, default options), backward (the first operand's gradient only) and both in one call; and, where the
+// loss is a
 // closed form in d = x - y, that form and its derivative in float64 for the check (nullptr: checked finite).
 struct PwBench {
   Kind kind;
@@ -62,6 +65,7 @@ struct PwBench {
   double (*domain)(int j, double v);
   void (*forward)(const Ops& o, const TensorView& loss);
   void (*backward)(const Ops& o, const TensorView& grad);
+  void (*fused)(const Ops& o, const TensorView& loss, const TensorView& grad);
   double (*value)(double d);
   double (*derivative)(double d);
 };
@@ -69,9 +73,15 @@ struct PwBench {
 const PwBench kRows[] = {
     {Kind::mse, 2, nullptr, [](const Ops& o, const TensorView& l) { mse_forward(o[0], o[1], MseOptions{}, l); },
      [](const Ops& o, const TensorView& g) { mse_backward(o[0], o[1], kNoUp, MseOptions{}, input_grad(g)); },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       mse_forward_backward(o[0], o[1], MseOptions{}, l, input_grad(g));
+     },
      [](double d) { return d * d; }, [](double d) { return 2 * d; }},
     {Kind::l1, 2, nullptr, [](const Ops& o, const TensorView& l) { l1_forward(o[0], o[1], L1Options{}, l); },
      [](const Ops& o, const TensorView& g) { l1_backward(o[0], o[1], kNoUp, L1Options{}, input_grad(g)); },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       l1_forward_backward(o[0], o[1], L1Options{}, l, input_grad(g));
+     },
      [](double d) { return std::fabs(d); }, [](double d) { return sgn(d); }},
     {Kind::smooth_l1, 2, nullptr,
      [](const Ops& o, const TensorView& l) {
@@ -79,6 +89,9 @@ const PwBench kRows[] = {
      },
      [](const Ops& o, const TensorView& g) {
        smooth_l1_backward(o[0], o[1], kNoUp, SmoothL1Options{Reduction::mean, kParam}, input_grad(g));
+     },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       smooth_l1_forward_backward(o[0], o[1], SmoothL1Options{Reduction::mean, kParam}, l, input_grad(g));
      },
      [](double d) { return std::fabs(d) < kParam ? 0.5 * d * d / kParam : std::fabs(d) - 0.5 * kParam; },
      [](double d) { return std::fabs(d) < kParam ? d / kParam : sgn(d); }},
@@ -89,26 +102,41 @@ const PwBench kRows[] = {
      [](const Ops& o, const TensorView& g) {
        huber_backward(o[0], o[1], kNoUp, HuberOptions{Reduction::mean, kParam, std::nullopt}, input_grad(g));
      },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       huber_forward_backward(o[0], o[1], HuberOptions{Reduction::mean, kParam, std::nullopt}, l, input_grad(g));
+     },
      [](double d) { return std::fabs(d) < kParam ? 0.5 * d * d : kParam * (std::fabs(d) - 0.5 * kParam); },
      [](double d) { return std::fabs(d) <= kParam ? d : kParam * sgn(d); }},
     {Kind::bce, 2, [](int, double v) { return sigmoid(v); },  // probabilities, target too
      [](const Ops& o, const TensorView& l) { bce_forward(o[0], o[1], BceOptions{}, l); },
-     [](const Ops& o, const TensorView& g) { bce_backward(o[0], o[1], kNoUp, BceOptions{}, input_grad(g)); }, nullptr,
-     nullptr},
+     [](const Ops& o, const TensorView& g) { bce_backward(o[0], o[1], kNoUp, BceOptions{}, input_grad(g)); },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       bce_forward_backward(o[0], o[1], BceOptions{}, l, input_grad(g));
+     },
+     nullptr, nullptr},
     {Kind::bce_with_logits, 2, [](int j, double v) { return j == 0 ? v : sigmoid(v); },  // logits, soft targets
      [](const Ops& o, const TensorView& l) { bce_with_logits_forward(o[0], o[1], BceWithLogitsOptions{}, l); },
      [](const Ops& o, const TensorView& g) {
        bce_with_logits_backward(o[0], o[1], kNoUp, BceWithLogitsOptions{}, input_grad(g));
      },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       bce_with_logits_forward_backward(o[0], o[1], BceWithLogitsOptions{}, l, input_grad(g));
+     },
      nullptr, nullptr},
     {Kind::kl_div, 2, [](int j, double v) { return j == 0 ? -std::fabs(v) - 0.1 : sigmoid(v); },  // log-p, p
      [](const Ops& o, const TensorView& l) { kl_div_forward(o[0], o[1], KlDivOptions{}, l); },
      [](const Ops& o, const TensorView& g) { kl_div_backward(o[0], o[1], kNoUp, KlDivOptions{}, input_grad(g)); },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       kl_div_forward_backward(o[0], o[1], KlDivOptions{}, l, input_grad(g));
+     },
      nullptr, nullptr},
     {Kind::poisson_nll, 2, [](int j, double v) { return j == 0 ? v : std::floor(2 * std::fabs(v)); },  // counts
      [](const Ops& o, const TensorView& l) { poisson_nll_forward(o[0], o[1], PoissonNllOptions{}, l); },
      [](const Ops& o, const TensorView& g) {
        poisson_nll_backward(o[0], o[1], kNoUp, PoissonNllOptions{}, input_grad(g));
+     },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       poisson_nll_forward_backward(o[0], o[1], PoissonNllOptions{}, l, input_grad(g));
      },
      nullptr, nullptr},
     {Kind::gaussian_nll, 3, [](int j, double v) { return j == 2 ? 0.5 + std::fabs(v) : v; },  // var > 0
@@ -116,11 +144,17 @@ const PwBench kRows[] = {
      [](const Ops& o, const TensorView& g) {
        gaussian_nll_backward(o[0], o[1], o[2], kNoUp, GaussianNllOptions{}, input_grad(g));
      },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       gaussian_nll_forward_backward(o[0], o[1], o[2], GaussianNllOptions{}, l, input_grad(g));
+     },
      nullptr, nullptr},
     {Kind::hinge_embedding, 2, [](int j, double v) { return j == 0 ? v : sign(v); },
      [](const Ops& o, const TensorView& l) { hinge_embedding_forward(o[0], o[1], HingeEmbeddingOptions{}, l); },
      [](const Ops& o, const TensorView& g) {
        hinge_embedding_backward(o[0], o[1], kNoUp, HingeEmbeddingOptions{}, input_grad(g));
+     },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       hinge_embedding_forward_backward(o[0], o[1], HingeEmbeddingOptions{}, l, input_grad(g));
      },
      nullptr, nullptr},
     {Kind::margin_ranking, 3, [](int j, double v) { return j == 2 ? sign(v) : v; },
@@ -129,6 +163,11 @@ const PwBench kRows[] = {
        MarginRankingGrads mg;
        mg.input1 = g;
        margin_ranking_backward(o[0], o[1], o[2], kNoUp, MarginRankingOptions{}, mg);
+     },
+     [](const Ops& o, const TensorView& l, const TensorView& g) {
+       MarginRankingGrads mg;
+       mg.input1 = g;
+       margin_ranking_forward_backward(o[0], o[1], o[2], MarginRankingOptions{}, l, mg);
      },
      nullptr, nullptr},
 };
@@ -179,8 +218,10 @@ void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
   float loss = 0.0f;
   const TensorView l = TensorView::contiguous(&loss, DType::f32, nullptr, 0);
 
-  for (const bool bwd : {false, true}) {
-    const std::string direction = bwd ? "backward" : "forward";
+  enum class Dir { forward, backward, fused };
+  for (const Dir dir : {Dir::forward, Dir::backward, Dir::fused}) {
+    const bool bwd = dir != Dir::forward, fwd = dir != Dir::backward;  // writes the gradient / the loss
+    const std::string direction = dir == Dir::forward ? "forward" : dir == Dir::backward ? "backward" : "fwd+bwd";
     run.step(direction + " " + tag);
     Row row;
     row.loss = name;
@@ -189,30 +230,39 @@ void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
     row.direction = direction;
     const double moved = static_cast<double>(bytes) * (bwd ? k + 1 : k);
     auto kernel = [&] {
-      if (bwd) {
+      if (dir == Dir::fused) {
+        b.fused(ops, l, g);
+      } else if (bwd) {
         b.backward(ops, g);
       } else {
         b.forward(ops, l);
       }
     };
+    const std::function<void()> separate = [&] {
+      b.forward(ops, l);
+      b.backward(ops, g);
+    };
     auto check = [&]() -> std::string {
       std::string problem;
       if (b.value == nullptr) {
-        if (!bwd && !std::isfinite(loss)) problem = "loss " + std::to_string(loss) + " is not finite";
+        if (fwd && !std::isfinite(loss)) problem = "loss " + std::to_string(loss) + " is not finite";
         for (std::int64_t i = 0; bwd && i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
           if (!std::isfinite(load(dtype, grad.data(), i))) {
             problem =
                 "grad[" + std::to_string(i) + "] " + std::to_string(load(dtype, grad.data(), i)) + " is not finite";
           }
         }
-      } else if (!bwd) {
+        return problem;
+      }
+      if (fwd) {
         double sum = 0;
         for (std::int64_t i = 0; i < n; ++i) sum += b.value(load(dtype, xp, i) - load(dtype, yp, i));
         const double want = sum / static_cast<double>(n), rtol = dtype == DType::bf16 ? 1e-3 : 1e-4;
         if (!(std::fabs(loss - want) <= rtol * std::fabs(want))) {
           problem = "loss " + fixed(loss, 7) + " vs float64 " + fixed(want, 7);
         }
-      } else {
+      }
+      if (bwd) {
         const double rtol = dtype == DType::bf16 ? 1e-2 : 1e-5;
         for (std::int64_t i = 0; i < n && problem.empty(); i += std::max<std::int64_t>(1, n / 4099)) {
           const double want = b.derivative(load(dtype, xp, i) - load(dtype, yp, i)) / static_cast<double>(n);
@@ -227,7 +277,7 @@ void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
     check_and_time(run, std::move(row), kernel, check,
                    {bwd, xp, grad.data(),
                     bwd ? (static_cast<std::size_t>(k) + 1) * bytes / 2 : static_cast<std::size_t>(k) * bytes},
-                   moved);
+                   moved, dir == Dir::fused ? &separate : nullptr);
   }
 }
 
@@ -241,16 +291,17 @@ Suite make_suite(const PwBench& b) {
   s.notes = {
       k + ": forward = " + k + "_forward (reduction mean, 0-d float32 loss, default options); backward = " + k +
           "_backward (reduction mean, no upstream gradient, " + (kind == Kind::margin_ranking ? "input1" : "input") +
-          " gradient only into a preallocated buffer)" +
+          " gradient only into a preallocated buffer); fwd+bwd = " + k +
+          "_forward_backward (both in one pass; baseline: forward then backward)" +
           (kind == Kind::smooth_l1 || kind == Kind::huber ? "; beta/delta 1, no weight" : "; no weight"),
       "  inputs: N(0, 1) samples, contiguous, fixed seeds" +
           std::string(b.domain == nullptr ? ""
                                           : ", mapped into the loss's domain (probabilities by a sigmoid, +-1 signs, "
                                             "var 0.5 + |v|, ...)") +
           "; GB/s counts " + reads + " read (" + (three ? "input, target, third operand" : "input, target") +
-          ") forward, plus N*elem written backward",
+          ") forward, plus N*elem written backward and fwd+bwd",
       "  % is of a probe timed interleaved over the same total bytes: forward vs the read probe (" + reads +
-          "); backward vs the copy probe (" + (three ? "2" : "1.5") +
+          "); backward and fwd+bwd vs the copy probe (" + (three ? "2" : "1.5") +
           "*N*elem read + as many written: the "
           "closest to the kernel's " +
           (three ? "3:1" : "2:1") + " read:write mix)",
@@ -272,7 +323,7 @@ Suite make_suite(const PwBench& b) {
     for (const auto& shape : shapes) {
       for (DType t : dtypes) {
         const std::int64_t n = shape[0];
-        groups.push_back({2, [&b, n, t](Run& run) { run_group(run, b, n, t); }});
+        groups.push_back({3, [&b, n, t](Run& run) { run_group(run, b, n, t); }});
       }
     }
     return groups;

@@ -84,4 +84,30 @@ inline void pw_backward(const PwArgs& a, const std::optional<lossfuse::TensorVie
   });
 }
 
+// Forward and backward in one pass (<loss>_forward_backward): the loss, and the gradients for an upstream of 1.
+inline void pw_forward_backward(const PwArgs& a, const lossfuse::TensorView& loss, const lossfuse::PointwiseGrads& g) {
+  namespace lf = lossfuse;
+  const lf::TensorView &x = a.x, &y = a.y;
+  pw_with_options(a, [&](const auto& opt) {
+    using O = std::decay_t<decltype(opt)>;
+    if constexpr (std::is_same_v<O, lf::MseOptions>) lf::mse_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::L1Options>) lf::l1_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::SmoothL1Options>) lf::smooth_l1_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::HuberOptions>) lf::huber_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::BceOptions>) lf::bce_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::BceWithLogitsOptions>) lf::bce_with_logits_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::KlDivOptions>) lf::kl_div_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::PoissonNllOptions>) lf::poisson_nll_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::GaussianNllOptions>) {
+      lf::gaussian_nll_forward_backward(x, y, a.z.value(), opt, loss, g);
+    }
+    if constexpr (std::is_same_v<O, lf::HingeEmbeddingOptions>)
+      lf::hinge_embedding_forward_backward(x, y, opt, loss, g);
+    if constexpr (std::is_same_v<O, lf::MarginRankingOptions>) {
+      lf::margin_ranking_forward_backward(x, y, a.z.value(), opt, loss,
+                                          lf::MarginRankingGrads{g.input, g.target, g.var});
+    }
+  });
+}
+
 }  // namespace lftest

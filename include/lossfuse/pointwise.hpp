@@ -9,6 +9,11 @@
 // loss: float32 (float64 for float64 input), contiguous; the input's shape for 'none', else one element.
 // grad_loss: the loss's shape and dtype (absent: 1). Gradients are optional outputs with the input's dtype and
 // shape, disjoint from every other buffer and with no repeated elements.
+// <loss>_forward_backward: the forward's loss and the backward's gradients for grad_loss absent (1; reduction none: 1
+// per element) in one pass over the operands, after every check of both entries (nothing written unless all pass).
+// Loss and gradients come from the same formulas as the two entries' and keep their error bounds (every spec table of
+// tests/cpu/pointwise_harness.hpp checks all three entries), not always their bits: the compiler may fuse a formula's
+// multiplies and adds differently in the one loop.
 #pragma once
 
 #include <optional>
@@ -151,5 +156,32 @@ void margin_ranking_forward(const TensorView& input1, const TensorView& input2, 
 void margin_ranking_backward(const TensorView& input1, const TensorView& input2, const TensorView& target,
                              const std::optional<TensorView>& grad_loss, const MarginRankingOptions& options,
                              const MarginRankingGrads& grads);
+
+void mse_forward_backward(const TensorView& input, const TensorView& target, const MseOptions& options,
+                          const TensorView& loss, const PointwiseGrads& grads);
+void l1_forward_backward(const TensorView& input, const TensorView& target, const L1Options& options,
+                         const TensorView& loss, const PointwiseGrads& grads);
+void smooth_l1_forward_backward(const TensorView& input, const TensorView& target, const SmoothL1Options& options,
+                                const TensorView& loss, const PointwiseGrads& grads);
+void huber_forward_backward(const TensorView& input, const TensorView& target, const HuberOptions& options,
+                            const TensorView& loss, const PointwiseGrads& grads);
+void bce_forward_backward(const TensorView& input, const TensorView& target, const BceOptions& options,
+                          const TensorView& loss, const PointwiseGrads& grads);
+void bce_with_logits_forward_backward(const TensorView& input, const TensorView& target,
+                                      const BceWithLogitsOptions& options, const TensorView& loss,
+                                      const PointwiseGrads& grads);
+void kl_div_forward_backward(const TensorView& input, const TensorView& target, const KlDivOptions& options,
+                             const TensorView& loss, const PointwiseGrads& grads);
+void poisson_nll_forward_backward(const TensorView& input, const TensorView& target, const PoissonNllOptions& options,
+                                  const TensorView& loss, const PointwiseGrads& grads);
+void gaussian_nll_forward_backward(const TensorView& input, const TensorView& target, const TensorView& var,
+                                   const GaussianNllOptions& options, const TensorView& loss,
+                                   const PointwiseGrads& grads);
+void hinge_embedding_forward_backward(const TensorView& input, const TensorView& target,
+                                      const HingeEmbeddingOptions& options, const TensorView& loss,
+                                      const PointwiseGrads& grads);
+void margin_ranking_forward_backward(const TensorView& input1, const TensorView& input2, const TensorView& target,
+                                     const MarginRankingOptions& options, const TensorView& loss,
+                                     const MarginRankingGrads& grads);
 
 }  // namespace lossfuse

@@ -1,5 +1,5 @@
-// Elementwise-loss entries: checks (nothing written before they all pass), PwParams, the CPU kernel, the
-// reduction.
+// Elementwise-loss entries (forward, backward, both in one pass): checks (nothing written before they all pass),
+// PwParams, the backend's kernel, the reduction.
 #include "lossfuse/pointwise.hpp"
 
 #include <algorithm>
@@ -278,7 +278,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     tile_weight.assign(static_cast<std::size_t>(tiles), 0.0);
     p.tile_weight = tile_weight.data();
   }
-  if (grads != nullptr) {
+  if (grads != nullptr) {  // backward, or forward and backward in one pass (loss != nullptr)
     if (weight_mean) {
       // The backward needs sum(w) before it writes: a forward-direction pass that only sums the weights.
       PwParams q = p;
@@ -294,8 +294,10 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
       if (c.reduction == Reduction::mean) p.grad_scale /= denominator;
     }
     p.tile_weight = nullptr;
-    be.pointwise(p);
-    return;
+    if (loss == nullptr) {
+      be.pointwise(p);
+      return;
+    }
   }
   if (c.reduction == Reduction::none) {
     p.loss_rows = loss->data;
@@ -314,7 +316,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   // throws, naming the first bad element, or passes and the result stands.
   if (std::find(tile_bad.begin(), tile_bad.end(), char(1)) != tile_bad.end()) scan();
   if (c.reduction != Reduction::none) {
-    if (weight_mean) {
+    if (weight_mean && grads == nullptr) {  // (the fused pass took it from the weights' pass above)
       denominator = 0;
       for (double t : tile_weight) denominator += t;
     }
@@ -330,27 +332,24 @@ GradOut grads_of(const PointwiseGrads& g) {
   return o;
 }
 
-}  // namespace
-
-void mse_forward(const TensorView& input, const TensorView& target, const MseOptions& o, const TensorView& loss) {
-  run({LossKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
+GradOut grads_of(const MarginRankingGrads& g) {
+  GradOut o;
+  o.g[0] = &g.input1;
+  o.g[1] = &g.input2;
+  o.g[2] = &g.target;
+  o.name[0] = "grad_input1";
+  o.name[1] = "grad_input2";
+  o.name[2] = "grad_target";
+  return o;
 }
-void mse_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
-                  const MseOptions& o, const PointwiseGrads& grads) {
+
+// The fused entry of a loss: its forward's loss and its backward's gradients for an upstream gradient of 1.
+template <class Grads>
+void fused(const PwCall& c, const TensorView& x, const TensorView& y, const TensorView& loss, const Grads& grads) {
   const GradOut go = grads_of(grads);
-  run({LossKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+  run(c, x, y, &loss, std::nullopt, &go);
 }
 
-void l1_forward(const TensorView& input, const TensorView& target, const L1Options& o, const TensorView& loss) {
-  run({LossKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, &loss, std::nullopt, nullptr);
-}
-void l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
-                 const L1Options& o, const PointwiseGrads& grads) {
-  const GradOut go = grads_of(grads);
-  run({LossKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
-}
-
-namespace {
 void check_beta(double beta) {
   if (!(std::isfinite(beta) && beta >= 0)) {
     throw Error(ErrorCode::invalid_value, "beta", "a finite value >= 0", std::to_string(beta));
@@ -361,31 +360,53 @@ void check_delta(double delta) {
     throw Error(ErrorCode::invalid_value, "delta", "a finite value > 0", std::to_string(delta));
   }
 }
+PwCall mse_call(const MseOptions& o) { return {LossKind::mse, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}; }
+PwCall l1_call(const L1Options& o) { return {LossKind::l1, o.reduction, MeanOver::weight_sum, 0, 0, &o.weight}; }
+PwCall smooth_l1_call(const SmoothL1Options& o) {
+  check_beta(o.beta);
+  return {LossKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr};
+}
+PwCall huber_call(const HuberOptions& o) {
+  check_delta(o.delta);
+  return {LossKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight};
+}
 }  // namespace
+
+void mse_forward(const TensorView& input, const TensorView& target, const MseOptions& o, const TensorView& loss) {
+  run(mse_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void mse_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                  const MseOptions& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(mse_call(o), input, target, nullptr, grad_loss, &go);
+}
+
+void l1_forward(const TensorView& input, const TensorView& target, const L1Options& o, const TensorView& loss) {
+  run(l1_call(o), input, target, &loss, std::nullopt, nullptr);
+}
+void l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
+                 const L1Options& o, const PointwiseGrads& grads) {
+  const GradOut go = grads_of(grads);
+  run(l1_call(o), input, target, nullptr, grad_loss, &go);
+}
 
 void smooth_l1_forward(const TensorView& input, const TensorView& target, const SmoothL1Options& o,
                        const TensorView& loss) {
-  check_beta(o.beta);
-  run({LossKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, &loss, std::nullopt,
-      nullptr);
+  run(smooth_l1_call(o), input, target, &loss, std::nullopt, nullptr);
 }
 void smooth_l1_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                         const SmoothL1Options& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
-  check_beta(o.beta);
-  run({LossKind::smooth_l1, o.reduction, MeanOver::numel, o.beta, 0, nullptr}, input, target, nullptr, grad_loss, &go);
+  run(smooth_l1_call(o), input, target, nullptr, grad_loss, &go);
 }
 
 void huber_forward(const TensorView& input, const TensorView& target, const HuberOptions& o, const TensorView& loss) {
-  check_delta(o.delta);
-  run({LossKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, &loss, std::nullopt,
-      nullptr);
+  run(huber_call(o), input, target, &loss, std::nullopt, nullptr);
 }
 void huber_backward(const TensorView& input, const TensorView& target, const std::optional<TensorView>& grad_loss,
                     const HuberOptions& o, const PointwiseGrads& grads) {
   const GradOut go = grads_of(grads);
-  check_delta(o.delta);
-  run({LossKind::huber, o.reduction, MeanOver::numel, o.delta, 0, &o.weight}, input, target, nullptr, grad_loss, &go);
+  run(huber_call(o), input, target, nullptr, grad_loss, &go);
 }
 
 namespace {
@@ -525,14 +546,54 @@ void margin_ranking_forward(const TensorView& input1, const TensorView& input2, 
 void margin_ranking_backward(const TensorView& input1, const TensorView& input2, const TensorView& target,
                              const std::optional<TensorView>& grad_loss, const MarginRankingOptions& o,
                              const MarginRankingGrads& grads) {
-  GradOut go;
-  go.g[0] = &grads.input1;
-  go.g[1] = &grads.input2;
-  go.g[2] = &grads.target;
-  go.name[0] = "grad_input1";
-  go.name[1] = "grad_input2";
-  go.name[2] = "grad_target";
+  const GradOut go = grads_of(grads);
   run(ranking_call(o, target), input1, input2, nullptr, grad_loss, &go);
+}
+
+void mse_forward_backward(const TensorView& input, const TensorView& target, const MseOptions& o,
+                          const TensorView& loss, const PointwiseGrads& grads) {
+  fused(mse_call(o), input, target, loss, grads);
+}
+void l1_forward_backward(const TensorView& input, const TensorView& target, const L1Options& o, const TensorView& loss,
+                         const PointwiseGrads& grads) {
+  fused(l1_call(o), input, target, loss, grads);
+}
+void smooth_l1_forward_backward(const TensorView& input, const TensorView& target, const SmoothL1Options& o,
+                                const TensorView& loss, const PointwiseGrads& grads) {
+  fused(smooth_l1_call(o), input, target, loss, grads);
+}
+void huber_forward_backward(const TensorView& input, const TensorView& target, const HuberOptions& o,
+                            const TensorView& loss, const PointwiseGrads& grads) {
+  fused(huber_call(o), input, target, loss, grads);
+}
+void bce_forward_backward(const TensorView& input, const TensorView& target, const BceOptions& o,
+                          const TensorView& loss, const PointwiseGrads& grads) {
+  fused(bce_call(o), input, target, loss, grads);
+}
+void bce_with_logits_forward_backward(const TensorView& input, const TensorView& target, const BceWithLogitsOptions& o,
+                                      const TensorView& loss, const PointwiseGrads& grads) {
+  fused(bce_logits_call(o), input, target, loss, grads);
+}
+void kl_div_forward_backward(const TensorView& input, const TensorView& target, const KlDivOptions& o,
+                             const TensorView& loss, const PointwiseGrads& grads) {
+  fused(kl_call(o, input), input, target, loss, grads);
+}
+void poisson_nll_forward_backward(const TensorView& input, const TensorView& target, const PoissonNllOptions& o,
+                                  const TensorView& loss, const PointwiseGrads& grads) {
+  fused(poisson_call(o), input, target, loss, grads);
+}
+void gaussian_nll_forward_backward(const TensorView& input, const TensorView& target, const TensorView& var,
+                                   const GaussianNllOptions& o, const TensorView& loss, const PointwiseGrads& grads) {
+  fused(gaussian_call(o, var), input, target, loss, grads);
+}
+void hinge_embedding_forward_backward(const TensorView& input, const TensorView& target, const HingeEmbeddingOptions& o,
+                                      const TensorView& loss, const PointwiseGrads& grads) {
+  fused(hinge_call(o), input, target, loss, grads);
+}
+void margin_ranking_forward_backward(const TensorView& input1, const TensorView& input2, const TensorView& target,
+                                     const MarginRankingOptions& o, const TensorView& loss,
+                                     const MarginRankingGrads& grads) {
+  fused(ranking_call(o, target), input1, input2, loss, grads);
 }
 
 }  // namespace lossfuse

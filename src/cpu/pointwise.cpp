@@ -5,7 +5,8 @@
 // z: third operand (bce_with_logits: pos_weight, gaussian_nll: var, margin_ranking: target; x, y = input1,
 // input2 there)
 // forward: l = w * f(x, y, z) per element, to a contiguous Acc output (none) or per-tile sums in double
-// backward: (gx, gy, gz) = d f / d(x, y, z) * w * g
+// backward: (gx, gy, gz) = d f / d(x, y, z) * w * g; with loss_rows or tile_loss also given, the forward's loss in the
+// same pass (the fused entries, g = the reduction's scale)
 // The formulas are the structs of src/math/pointwise_math.hpp, evaluated here by HwyOps on vectors of lanes along
 // the innermost dim (when every operand's stride there is 0 or 1) and by ScalarOps otherwise and in tails.
 // The work is split into tiles of at most p.tile elements of one row; per-tile sums make the reduction order
@@ -476,13 +477,16 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
   }
   const V gs = hn::Set(d, static_cast<Acc>(p.grad_scale));
   // The input's gradient alone (the common case) gets a loop of its own, so the other gradients' formulas
-  // (bce's two logs for the target's) are not computed only to be dropped.
-  auto backward = [&](auto input_only) {
+  // (bce's two logs for the target's) are not computed only to be dropped. with_loss: the fused entries' loss too,
+  // stored to rows or summed into vl.
+  auto backward = [&](auto input_only, auto with_loss) {
+    constexpr bool kInputOnly = decltype(input_only)::value, kWithLoss = decltype(with_loss)::value;
     std::int64_t j = 0;
-    if constexpr (decltype(input_only)::value && std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
+    if constexpr (kInputOnly && std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
       // bfloat16 input gradients with one upstream gradient for all (the reductions) two vectors at a time: the
-      // even and odd elements by LoadEvenOdd, stored back in element order by StoreEvenOdd
-      if (go == nullptr) {
+      // even and odd elements by LoadEvenOdd, stored back in element order by StoreEvenOdd (a fused loss summed in
+      // that order too; a loss per element takes the loop below)
+      if (go == nullptr && rows == nullptr) {
         auto pairs = [&](auto hw) {
           // (the test again: clang 14 instantiates this generic lambda's body for every T, discarded or not)
           if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
@@ -495,6 +499,10 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
               Loss::grad(vo, k, x0, y0, z0, gs, dx0, dy, dz);
               Loss::grad(vo, k, x1, y1, z1, gs, dx1, dy, dz);
               StoreEvenOdd<decltype(hw)::value, false>(d, dx0, dx1, gx + j);
+              if constexpr (kWithLoss) {
+                vl = hn::Add(vl, Loss::value(vo, k, x0, y0, z0));
+                vl = hn::Add(vl, Loss::value(vo, k, x1, y1, z1));
+              }
             }
           }
         };
@@ -506,7 +514,7 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       }
     }
 #if LOSSFUSE_HWY_BF16_PAIR
-    if constexpr (decltype(input_only)::value && std::is_same_v<T, hwy::bfloat16_t>) {
+    if constexpr (kInputOnly && !kWithLoss && std::is_same_v<T, hwy::bfloat16_t>) {
       // per-element upstream gradients: two vectors in element order, rounded together by the hardware where it can
       if (go != nullptr && cpu_has_bf16_convert()) {
         auto dx_at = [&](std::int64_t i) {
@@ -521,9 +529,18 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
 #endif
     for (; j < n; j += N) {
       const V g = go != nullptr ? hn::Mul(gs, hn::LoadU(d, go + j)) : gs;
+      const V xv = LoadAcc(d, x + j), yv = LoadAcc(d, y + j), zv = zload(j);
       V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
-      Loss::grad(vo, k, LoadAcc(d, x + j), LoadAcc(d, y + j), zload(j), g, dx, dy, dz);
-      if constexpr (decltype(input_only)::value) {
+      Loss::grad(vo, k, xv, yv, zv, g, dx, dy, dz);
+      if constexpr (kWithLoss) {
+        const V l = Loss::value(vo, k, xv, yv, zv);
+        if (rows != nullptr) {
+          hn::StoreU(l, d, rows + j);
+        } else {
+          vl = hn::Add(vl, l);
+        }
+      }
+      if constexpr (kInputOnly) {
         StoreAcc(d, dx, gx + j);
       } else {
         if (gx != nullptr) StoreAcc(d, dx, gx + j);
@@ -532,10 +549,11 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
       }
     }
   };
-  if (gx != nullptr && gy == nullptr && gz == nullptr) {
-    backward(std::true_type{});
+  const bool input_only = gx != nullptr && gy == nullptr && gz == nullptr;
+  if (rows != nullptr || p.tile_loss != nullptr) {
+    input_only ? backward(std::true_type{}, std::true_type{}) : backward(std::false_type{}, std::true_type{});
   } else {
-    backward(std::false_type{});
+    input_only ? backward(std::true_type{}, std::false_type{}) : backward(std::false_type{}, std::false_type{});
   }
 }
 
@@ -564,7 +582,7 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
   T* GZ = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGZ]));
   const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
   const Acc gscale = static_cast<Acc>(p.grad_scale);
-  const bool want_loss = !p.backward && (p.loss_rows != nullptr || p.tile_loss != nullptr);
+  const bool want_loss = p.loss_rows != nullptr || p.tile_loss != nullptr;  // (with p.backward: the fused entries)
   const core::PwCheck check = p.tile_bad != nullptr ? p.check : core::PwCheck::none;
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
   // The contiguous loops serve: every operand present of stride 1 along the row, no weight, z exactly when the
@@ -627,25 +645,26 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
           } else if (check == core::PwCheck::z_nonnegative) {
             bad = hn::Or(bad, hn::Lt(z, hn::Zero(d)));
           }
-          V l = Loss::value(vo, k, x, y, z);
-          if (W != nullptr) l = hn::Mul(l, w);
-          if (loss_rows != nullptr) {
-            hn::StoreU(l, d, loss_rows + row * p.inner + i);
-          } else {
-            vl = hn::Add(vl, l);
+        } else {
+          V g = hn::Mul(w, hn::Set(d, gscale));
+          if (GO != nullptr) {
+            g = hn::Mul(
+                g, s[core::kPwGO] == 0 ? hn::Set(d, GO[o.v[core::kPwGO]]) : hn::LoadU(d, GO + o.v[core::kPwGO] + j));
           }
-          continue;
+          V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
+          Loss::grad(vo, k, x, y, z, g, dx, dy, dz);
+          if (GX != nullptr) StoreAcc(d, dx, GX + o.v[core::kPwGX] + j);
+          if (GY != nullptr) StoreAcc(d, dy, GY + o.v[core::kPwGY] + j);
+          if (GZ != nullptr) StoreAcc(d, dz, GZ + o.v[core::kPwGZ] + j);
+          if (!want_loss) continue;
         }
-        V g = hn::Mul(w, hn::Set(d, gscale));
-        if (GO != nullptr) {
-          g = hn::Mul(g, s[core::kPwGO] == 0 ? hn::Set(d, GO[o.v[core::kPwGO]])
-                                             : hn::LoadU(d, GO + o.v[core::kPwGO] + j));
+        V l = Loss::value(vo, k, x, y, z);
+        if (W != nullptr) l = hn::Mul(l, w);
+        if (loss_rows != nullptr) {
+          hn::StoreU(l, d, loss_rows + row * p.inner + i);
+        } else {
+          vl = hn::Add(vl, l);
         }
-        V dx = hn::Zero(d), dy = hn::Zero(d), dz = hn::Zero(d);
-        Loss::grad(vo, k, x, y, z, g, dx, dy, dz);
-        if (GX != nullptr) StoreAcc(d, dx, GX + o.v[core::kPwGX] + j);
-        if (GY != nullptr) StoreAcc(d, dy, GY + o.v[core::kPwGY] + j);
-        if (GZ != nullptr) StoreAcc(d, dz, GZ + o.v[core::kPwGZ] + j);
       }
     }
     for (; i < i1; ++i) {
@@ -659,22 +678,23 @@ void Tiles(const PwParams& p, std::int64_t t0, std::int64_t t1) {
         if (!want_loss) continue;
         if (check == core::PwCheck::x_unit_interval) bad_tail |= !((x >= Acc(0)) & (x <= Acc(1)));
         if (check == core::PwCheck::z_nonnegative) bad_tail |= z < Acc(0);
-        Acc l = Loss::value(so, k, x, y, z);
-        if (W != nullptr) l *= w;
-        if (loss_rows != nullptr) {
-          loss_rows[row * p.inner + i] = l;
-        } else {
-          tl += static_cast<double>(l);
-        }
-        continue;
+      } else {
+        Acc g = w * gscale;
+        if (GO != nullptr) g *= GO[o.v[core::kPwGO] + j * s[core::kPwGO]];
+        Acc dx = 0, dy = 0, dz = 0;
+        Loss::grad(so, k, x, y, z, g, dx, dy, dz);
+        if (GX != nullptr) GX[o.v[core::kPwGX] + j * s[core::kPwGX]] = FromAcc<T>(dx);
+        if (GY != nullptr) GY[o.v[core::kPwGY] + j * s[core::kPwGY]] = FromAcc<T>(dy);
+        if (GZ != nullptr) GZ[o.v[core::kPwGZ] + j * s[core::kPwGZ]] = FromAcc<T>(dz);
+        if (!want_loss) continue;
       }
-      Acc g = w * gscale;
-      if (GO != nullptr) g *= GO[o.v[core::kPwGO] + j * s[core::kPwGO]];
-      Acc dx = 0, dy = 0, dz = 0;
-      Loss::grad(so, k, x, y, z, g, dx, dy, dz);
-      if (GX != nullptr) GX[o.v[core::kPwGX] + j * s[core::kPwGX]] = FromAcc<T>(dx);
-      if (GY != nullptr) GY[o.v[core::kPwGY] + j * s[core::kPwGY]] = FromAcc<T>(dy);
-      if (GZ != nullptr) GZ[o.v[core::kPwGZ] + j * s[core::kPwGZ]] = FromAcc<T>(dz);
+      Acc l = Loss::value(so, k, x, y, z);
+      if (W != nullptr) l *= w;
+      if (loss_rows != nullptr) {
+        loss_rows[row * p.inner + i] = l;
+      } else {
+        tl += static_cast<double>(l);
+      }
     }
     if (p.tile_bad != nullptr && (bad_tail || !hn::AllFalse(d, bad))) p.tile_bad[t] = 1;
     flush();

@@ -3,7 +3,8 @@
 // tails run). One thread block per tile (at most PwParams::tile elements of one row, the CPU's tiles), threads striding
 // over the tile; any strides, stride-0 broadcast operands, 16-bit storage through math::Io. Reductions: each thread
 // sums its elements in double, the block combines the threads in a fixed tree, and the tile's sum (and weight sum,
-// and value-check flag) goes to the host arrays core passes, as on the CPU: the same bits on every run.
+// and value-check flag) goes to the host arrays core passes, as on the CPU: the same bits on every run. A backward
+// given a loss output too (the fused entries) writes the forward's loss in the same pass.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
   const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
   const Acc gscale = static_cast<Acc>(p.grad_scale);
-  const bool want_loss = !p.backward && (loss_rows != nullptr || tile_loss != nullptr);
+  const bool want_loss = loss_rows != nullptr || tile_loss != nullptr;  // (with p.backward: the fused entries)
   const bool checking = tile_bad != nullptr && p.check != core::PwCheck::none;
   const bool sums = tile_loss != nullptr || tile_weight != nullptr || tile_bad != nullptr;
   const int64_t tiles = p.rows * p.tiles_per_row;
@@ -65,25 +66,25 @@ __global__ void __launch_bounds__(kThreads)
       if (!p.backward) {
         if (p.check == core::PwCheck::x_unit_interval) bad |= !((x >= Acc(0)) & (x <= Acc(1)));
         if (p.check == core::PwCheck::z_nonnegative) bad |= z < Acc(0);
-        if (!want_loss) continue;  // the check-only pass
-        Acc l = Loss::value(o, k, x, y, z);
-        if (W != nullptr) l *= w;
-        if (loss_rows != nullptr) {
-          loss_rows[row * p.inner + i] = l;  // contiguous ('none')
-        } else {
-          tl += static_cast<double>(l);
-        }
-        continue;
+      } else {
+        Acc g = w * gscale;
+        if (GO != nullptr) g *= GO[at(core::kPwGO, i)];
+        Acc dx = 0, dy = 0, dz = 0;
+        Loss::grad(o, k, x, y, z, g, dx, dy, dz);
+        if (GX != nullptr) Io::store(GX, at(core::kPwGX, i), dx);
+        if (GY != nullptr) Io::store(GY, at(core::kPwGY, i), dy);
+        if (GZ != nullptr) Io::store(GZ, at(core::kPwGZ, i), dz);
       }
-      Acc g = w * gscale;
-      if (GO != nullptr) g *= GO[at(core::kPwGO, i)];
-      Acc dx = 0, dy = 0, dz = 0;
-      Loss::grad(o, k, x, y, z, g, dx, dy, dz);
-      if (GX != nullptr) Io::store(GX, at(core::kPwGX, i), dx);
-      if (GY != nullptr) Io::store(GY, at(core::kPwGY, i), dy);
-      if (GZ != nullptr) Io::store(GZ, at(core::kPwGZ, i), dz);
+      if (!want_loss) continue;  // the check-only pass, a backward
+      Acc l = Loss::value(o, k, x, y, z);
+      if (W != nullptr) l *= w;
+      if (loss_rows != nullptr) {
+        loss_rows[row * p.inner + i] = l;  // contiguous ('none')
+      } else {
+        tl += static_cast<double>(l);
+      }
     }
-    if (p.backward || !sums) continue;  // (uniform over the block)
+    if (!sums) continue;  // (uniform over the block; a backward has none)
     const double sl = block_reduce<kThreads>(tl, Plus{}), sw = block_reduce<kThreads>(tw, Plus{});
     const int any_bad = __syncthreads_or(bad ? 1 : 0);
     if (threadIdx.x == 0) {

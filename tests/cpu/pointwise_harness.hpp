@@ -2,8 +2,9 @@
 // (tests/reference/pointwise_reference.hpp) by every backend's test (tests/cpu/pointwise_test.cpp,
 // tests/cuda/pointwise_cuda_test.cpp). A Spec names a configuration (a loss and its options), a dtype, a reduction, a
 // shape, which operands are broadcast (stride 0) or strided, the upstream gradient and the gradients asked for;
-// build() draws the operands in the loss's domain and run_all() checks the loss and every gradient against the
-// reference's error budget, that nothing outside the outputs is written and that the inputs are unchanged.
+// build() draws the operands in the loss's domain and run_all() checks the loss and every gradient of the forward,
+// backward and fused entries against the reference's error budget, that nothing outside the outputs is written and
+// that the inputs are unchanged.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -240,6 +241,7 @@ struct Problem {
   Operand x, y;
   std::optional<Operand> z, w, up;
   lfref::PwResult ref;
+  lfref::PwResult ref_unit;  // for an upstream gradient of 1 (the fused entries'): ref where up is absent
 
   [[nodiscard]] PwArgs args(Reduction red) const {
     PwArgs a{s.c.loss, s.c.o, red, x.view, y.view, std::nullopt, std::nullopt};
@@ -297,6 +299,12 @@ inline Problem build(const Spec& s) {
   in.compute = s.dt == DType::f64 ? lfref::kF64 : lfref::kF32;
   in.out = format_of(s.dt);
   p.ref = lfref::pointwise(in);
+  if (p.up) {
+    in.grad_loss.clear();
+    p.ref_unit = lfref::pointwise(in);
+  } else {
+    p.ref_unit = p.ref;
+  }
   return p;
 }
 
@@ -327,31 +335,56 @@ inline PwArgs device_args(Mirror& m, Problem& p) {
   return a;
 }
 
-// Forward and backward against the reference. mem: the device the calls run on (nullptr: the CPU;
+// Forward, backward and the fused entry against the reference. mem: the device the calls run on (nullptr: the CPU;
 // tests/device_mirror.hpp).
 inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
   SCOPED_TRACE(s.name);
   Problem p = build(s);
   const auto x0 = p.x.store.storage, y0 = p.y.store.storage;
-  Tensor loss = Tensor::make(p.acc(), s.red == Reduction::none ? s.shape : std::vector<std::int64_t>{},
-                             Layout::contiguous, kSentinel);
+  const auto new_loss = [&] {
+    return Tensor::make(p.acc(), s.red == Reduction::none ? s.shape : std::vector<std::int64_t>{}, Layout::contiguous,
+                        kSentinel);
+  };
+  const auto check_loss = [&](const Tensor& loss) {
+    if (s.red == Reduction::none) {
+      EXPECT_TRUE(close_all("loss", loss.values(), p.ref.elem_loss, p.ref.elem_loss_tol, p.acc()));
+    } else {
+      EXPECT_TRUE(close_one("loss", loss.get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
+    }
+    EXPECT_TRUE(loss.outside_untouched(kSentinel));
+  };
+  Tensor loss = new_loss();
   {
     Mirror m(mem);
     pw_forward(device_args(m, p), m(loss));
     m.download();
   }
-  if (s.red == Reduction::none) {
-    EXPECT_TRUE(close_all("loss", loss.values(), p.ref.elem_loss, p.ref.elem_loss_tol, p.acc()));
-  } else {
-    EXPECT_TRUE(close_one("loss", loss.get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
-  }
-  EXPECT_TRUE(loss.outside_untouched(kSentinel));
+  check_loss(loss);
 
+  // The gradients asked for, and their check against a reference's.
+  struct Grads {
+    std::optional<Tensor> x, y, z;
+  };
   const PwLoss l = s.c.loss;
-  std::optional<Tensor> gx, gy, gz;
-  if (s.want_gx) gx = make_grad(s.dt, s.shape, s.grad_layout);
-  if (s.want_gy && lfref::pw_y_grad(l)) gy = make_grad(s.dt, s.shape, s.grad_layout);
-  if (s.want_gz && p.z && lfref::pw_z_grad(l)) gz = make_grad(s.dt, s.shape, s.grad_layout);
+  const auto new_grads = [&] {
+    Grads g;
+    if (s.want_gx) g.x = make_grad(s.dt, s.shape, s.grad_layout);
+    if (s.want_gy && lfref::pw_y_grad(l)) g.y = make_grad(s.dt, s.shape, s.grad_layout);
+    if (s.want_gz && p.z && lfref::pw_z_grad(l)) g.z = make_grad(s.dt, s.shape, s.grad_layout);
+    return g;
+  };
+  const auto check_grads = [&](const Grads& g, const lfref::PwResult& ref) {
+    const auto check = [&](const char* what, const std::optional<Tensor>& t, const std::vector<double>& want,
+                           const std::vector<double>& tol) {
+      if (!t) return;
+      EXPECT_TRUE(close_all(what, t->values(), want, tol, s.dt));
+      EXPECT_TRUE(t->outside_untouched(kSentinel)) << "wrote outside " << what;
+    };
+    check("grad_input", g.x, ref.gx, ref.gx_tol);
+    check("grad_target", g.y, ref.gy, ref.gy_tol);
+    check("grad_z", g.z, ref.gz, ref.gz_tol);
+  };
+  Grads g = new_grads();
   {
     Mirror m(mem);
     const PwArgs a = device_args(m, p);
@@ -361,18 +394,22 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
       const TensorView d = m(p.up->store);
       up->data = d.data, up->device = d.device;
     }
-    pw_backward(a, up, PointwiseGrads{m(gx), m(gy), m(gz)});
+    pw_backward(a, up, PointwiseGrads{m(g.x), m(g.y), m(g.z)});
     m.download();
   }
-  const auto check = [&](const char* what, const std::optional<Tensor>& t, const std::vector<double>& ref,
-                         const std::vector<double>& tol) {
-    if (!t) return;
-    EXPECT_TRUE(close_all(what, t->values(), ref, tol, s.dt));
-    EXPECT_TRUE(t->outside_untouched(kSentinel)) << "wrote outside " << what;
-  };
-  check("grad_input", gx, p.ref.gx, p.ref.gx_tol);
-  check("grad_target", gy, p.ref.gy, p.ref.gy_tol);
-  check("grad_z", gz, p.ref.gz, p.ref.gz_tol);
+  check_grads(g, p.ref);
+  {
+    SCOPED_TRACE("forward_backward");
+    Tensor fused_loss = new_loss();
+    Grads fg = new_grads();
+    {
+      Mirror m(mem);
+      pw_forward_backward(device_args(m, p), m(fused_loss), PointwiseGrads{m(fg.x), m(fg.y), m(fg.z)});
+      m.download();
+    }
+    check_loss(fused_loss);
+    check_grads(fg, p.ref_unit);
+  }
   EXPECT_TRUE(p.x.store.storage == x0) << "the input was modified";
   EXPECT_TRUE(p.y.store.storage == y0) << "the target was modified";
 }

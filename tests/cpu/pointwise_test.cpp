@@ -209,7 +209,8 @@ TEST(PointwiseLayouts, OverlappingInputWindows) {
 
 // ---- determinism across thread counts ------------------------------------------------------------------------
 
-// Every configuration: the reduced losses and the input gradient bitwise the same on 1, 2 and 3 threads.
+// Every configuration: the reduced losses and the input gradient bitwise the same on 1, 2 and 3 threads, from the
+// separate entries and from the fused one.
 TEST(PointwiseMisc, DeterministicAcrossThreads) {
   std::uint64_t k = 0;
   for (const Config& c : configs()) {
@@ -217,21 +218,26 @@ TEST(PointwiseMisc, DeterministicAcrossThreads) {
     s.c = c, s.red = Reduction::mean, s.shape = {3, 40009}, s.weight = true, s.seed = 5000 + ++k;
     SCOPED_TRACE(base_name(s));
     const Problem p = build(s);
-    std::vector<std::uint8_t> sum0, mean0, grad0;
+    std::vector<std::uint8_t> sum0, mean0, grad0, fused0;
     for (int threads : {1, 2, 3, 1}) {
       ThreadsGuard guard(threads);
       Tensor sum = Tensor::make(DType::f32, {}), mean = Tensor::make(DType::f32, {});
       Tensor grad = Tensor::make(DType::f32, s.shape);
+      Tensor fused_loss = Tensor::make(DType::f32, {}), fused_grad = Tensor::make(DType::f32, s.shape);
       if (!c.o.batchmean) pw_forward(p.args(Reduction::sum), sum.view);
       pw_forward(p.args(), mean.view);
       pw_backward(p.args(), std::nullopt, {grad.view, std::nullopt, std::nullopt});
+      pw_forward_backward(p.args(), fused_loss.view, {fused_grad.view, std::nullopt, std::nullopt});
+      std::vector<std::uint8_t> fused = fused_loss.storage;
+      fused.insert(fused.end(), fused_grad.storage.begin(), fused_grad.storage.end());
       if (mean0.empty()) {
-        sum0 = sum.storage, mean0 = mean.storage, grad0 = grad.storage;
+        sum0 = sum.storage, mean0 = mean.storage, grad0 = grad.storage, fused0 = fused;
         EXPECT_TRUE(close_one("loss", mean.get(0), p.ref.loss, p.ref.loss_tol, DType::f32));
       }
       EXPECT_TRUE(sum.storage == sum0) << threads << " threads";
       EXPECT_TRUE(mean.storage == mean0) << threads << " threads";
       EXPECT_TRUE(grad.storage == grad0) << threads << " threads";
+      EXPECT_TRUE(fused == fused0) << threads << " threads (fused)";
     }
   }
 }
@@ -312,10 +318,12 @@ struct ErrFixture : GuardedBuffers {
 struct Views {
   std::optional<TensorView> input, target, third, weight, loss, gx, gy, gz, up;
 };
-enum class Entry { forward, backward };
+// fused: <loss>_forward_backward, which takes the forward's loss and the backward's gradients (not grad_loss)
+enum class Entry { forward, backward, fused };
 
 void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializer_list<ErrorCode> codes,
-                  const Arg& argument, std::initializer_list<Entry> entries = {Entry::forward, Entry::backward},
+                  const Arg& argument,
+                  std::initializer_list<Entry> entries = {Entry::forward, Entry::backward, Entry::fused},
                   std::initializer_list<PwLoss> losses = kAll) {
   for (PwLoss l : losses) {
     SCOPED_TRACE(names_of(l).x + std::string(" of loss ") + std::to_string(static_cast<int>(l)));
@@ -334,13 +342,19 @@ void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializ
           g.input = v.gx.value_or(*g.input);
           if (v.gy) g.target = v.gy;
           if (v.gz) g.var = v.gz;
+          if (e == Entry::fused) return pw_forward_backward(a, v.loss.value_or(f.loss.view), g);
           pw_backward(a, v.up ? v.up : std::optional<TensorView>(f.up.view), g);
         },
-        [](Entry e) { return std::string(e == Entry::forward ? "forward" : "backward"); }, argument.of(l));
+        [](Entry e) {
+          return std::string(e == Entry::forward ? "forward" : e == Entry::backward ? "backward" : "forward_backward");
+        },
+        argument.of(l));
   }
 }
-constexpr std::initializer_list<Entry> kBoth = {Entry::forward, Entry::backward};
-constexpr std::initializer_list<Entry> kFwd = {Entry::forward}, kBwd = {Entry::backward};
+// kBoth: every entry; kFwd: those writing the loss; kBwd: those writing gradients; kUp: the one taking grad_loss.
+constexpr std::initializer_list<Entry> kBoth = {Entry::forward, Entry::backward, Entry::fused};
+constexpr std::initializer_list<Entry> kFwd = {Entry::forward, Entry::fused}, kBwd = {Entry::backward, Entry::fused};
+constexpr std::initializer_list<Entry> kUp = {Entry::backward};
 constexpr Reduction kNone = Reduction::none, kMean = Reduction::mean;
 
 // Setups for expect_error: one view of the call replaced, after setting the reduction.
@@ -386,6 +400,7 @@ TEST(PointwiseErrors, ValidFixtureRuns) {
     EXPECT_NO_THROW(pw_forward(f.a, f.loss.view));
     EXPECT_NO_THROW(pw_backward(f.a, f.up.view, f.grads()));
     EXPECT_NO_THROW(pw_backward(f.a, std::nullopt, {std::nullopt, std::nullopt, std::nullopt}));
+    EXPECT_NO_THROW(pw_forward_backward(f.a, f.loss.view, f.grads()));
   }
 }
 TEST(PointwiseErrors, OperandDtypeAndShape) {
@@ -426,11 +441,11 @@ TEST(PointwiseErrors, GradLossDtypeAndShape) {
   static const Tensor u64 = Tensor::make(DType::f64, {}), u16 = Tensor::make(DType::bf16, {}),
                       u45 = Tensor::make(DType::f32, {4, 5}), u0 = Tensor::make(DType::f32, {}),
                       u5 = Tensor::make(DType::f32, {5});
-  expect_error(put(&Views::up, u64.view), {ErrorCode::dtype_mismatch}, "grad_loss", kBwd);
-  expect_error(put(&Views::up, u16.view), {ErrorCode::dtype_mismatch}, "grad_loss", kBwd);
-  expect_error(put(&Views::up, u45.view), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
-  expect_error(put(&Views::up, u0.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
-  expect_error(put(&Views::up, u5.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kBwd);
+  expect_error(put(&Views::up, u64.view), {ErrorCode::dtype_mismatch}, "grad_loss", kUp);
+  expect_error(put(&Views::up, u16.view), {ErrorCode::dtype_mismatch}, "grad_loss", kUp);
+  expect_error(put(&Views::up, u45.view), {ErrorCode::shape_mismatch}, "grad_loss", kUp);
+  expect_error(put(&Views::up, u0.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kUp);
+  expect_error(put(&Views::up, u5.view, kNone), {ErrorCode::shape_mismatch}, "grad_loss", kUp);
 }
 TEST(PointwiseErrors, GradientDtypeShapeStride) {
   static const Tensor g64 = Tensor::make(DType::f64, {4, 5}), g54 = Tensor::make(DType::f32, {5, 4}),
@@ -496,7 +511,9 @@ TEST(PointwiseErrors, OverlappingBuffers) {
       return v;
     });
   };
-  expect_error(over(&Views::up, &ErrFixture::gx, kMean, {}), {ErrorCode::bad_pointer}, &Names::gx, kBwd);
+  expect_error(over(&Views::up, &ErrFixture::gx, kMean, {}), {ErrorCode::bad_pointer}, &Names::gx, kUp);
+  // the fused entry's loss over a gradient
+  expect_error(over(&Views::loss, &ErrFixture::gx, kMean, {}), {ErrorCode::bad_pointer}, "loss", {Entry::fused});
   expect_error(over(&Views::loss, &ErrFixture::input, kMean, {}), {ErrorCode::bad_pointer}, "loss", kFwd);
   expect_error(over(&Views::loss, &ErrFixture::target, kNone, {4, 5}), {ErrorCode::bad_pointer}, "loss", kFwd);
   expect_error(over(&Views::loss, &ErrFixture::third, kNone, {4, 5}), {ErrorCode::bad_pointer}, "loss", kFwd, kThird);
@@ -515,7 +532,7 @@ TEST(PointwiseErrors, NullAndMisalignedPointers) {
   expect_error(null_data(&Views::gx, &ErrFixture::gx), {ErrorCode::bad_pointer}, &Names::gx, kBwd);
   expect_error(put(&Views::gy, misaligned), {ErrorCode::bad_pointer}, &Names::gy, kBwd, kTargetGrad);
   expect_error(put(&Views::gz, misaligned), {ErrorCode::bad_pointer}, &Names::gz, kBwd, kThirdGrad);
-  expect_error(null_data(&Views::up, &ErrFixture::up), {ErrorCode::bad_pointer}, "grad_loss", kBwd);
+  expect_error(null_data(&Views::up, &ErrFixture::up), {ErrorCode::bad_pointer}, "grad_loss", kUp);
 }
 TEST(PointwiseErrors, OptionsAndReduction) {
   for (double beta : {-1.0, -1e-300, kNaN, kInf})

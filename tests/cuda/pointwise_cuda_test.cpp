@@ -1,7 +1,8 @@
 // The eleven elementwise losses on CUDA tensors against the float64 reference: the CPU suite's spec tables
 // (tests/cpu/pointwise_harness.hpp) run through device copies of every operand (tests/device_mirror.hpp), plus what
 // only a device shows: a value check naming its element from device memory with nothing written, and bitwise-repeatable
-// reductions. Without a CUDA device every test is skipped (main exits 77).
+// reductions. The spec tables' run_all covers the fused entries too. Without a CUDA device every test is skipped (main
+// exits 77).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -55,7 +56,8 @@ TEST(PointwiseCudaErrors, ValueCheckNamesThePositionAndWritesNothing) {
   }
 }
 
-// The same reduced call twice gives the same bits (a fixed tree per tile, tiles summed on the host in order).
+// The same reduced calls twice (forward, backward, fused) give the same bits (a fixed tree per tile, tiles summed on
+// the host in order).
 TEST(PointwiseCudaDeterminism, BitwiseAcrossRuns) {
   for (const Config& c : configs()) {
     Spec s;
@@ -63,15 +65,18 @@ TEST(PointwiseCudaDeterminism, BitwiseAcrossRuns) {
     Problem p = build(s);
     std::vector<std::vector<std::uint8_t>> runs;
     for (int i = 0; i < 2; ++i) {
-      Tensor loss = Tensor::make(DType::f32, {});
+      Tensor loss = Tensor::make(DType::f32, {}), fused_loss = Tensor::make(DType::f32, {});
       Tensor grad = make_grad(s.dt, s.shape, Layout::contiguous);
+      Tensor fused_grad = make_grad(s.dt, s.shape, Layout::contiguous);
       Mirror m(&kCuda);
       const PwArgs a = device_args(m, p);
       pw_forward(a, m(loss));
       pw_backward(a, std::nullopt, {m(grad), std::nullopt, std::nullopt});
+      pw_forward_backward(a, m(fused_loss), {m(fused_grad), std::nullopt, std::nullopt});
       m.download();
       std::vector<std::uint8_t> bits = loss.storage;
-      bits.insert(bits.end(), grad.storage.begin(), grad.storage.end());
+      for (const Tensor* t : {&grad, &fused_loss, &fused_grad})
+        bits.insert(bits.end(), t->storage.begin(), t->storage.end());
       runs.push_back(bits);
     }
     EXPECT_TRUE(runs[0] == runs[1]) << c.name;
