@@ -1,7 +1,9 @@
 // The elementwise losses as torch ops: mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div,
 // hinge_embedding_loss, margin_ranking_loss, binary_cross_entropy, binary_cross_entropy_with_logits,
 // poisson_nll_loss, gaussian_nll_loss, each with a backward op that writes only the gradients its output_mask asks
-// for (the others come back as empty (0,) tensors).
+// for (the others come back as empty (0,) tensors), and an internal fused op, _<loss>_fused: the loss and those
+// gradients for an upstream gradient of 1 in one pass (<loss>_forward_backward), which Python's eager training step
+// takes (register_loss in _register.py; never traced, so it has no fake).
 //
 // The operands reach the ops already promoted to one floating dtype and broadcast to one shape (expanded views
 // with stride 0 where torch broadcasts: a target, weight, pos_weight or var); the Python side does both, so that
@@ -48,6 +50,32 @@ std::tuple<at::Tensor, at::Tensor> run_backward2(const at::Tensor& input, const 
   return {g[0], g[1]};
 }
 
+// The fused op: a new loss and the gradients the mask asks for, `kernel(loss_view, grad_views)`.
+template <std::size_t N, class Kernel>
+std::array<at::Tensor, N + 1> run_fused(const std::array<const at::Tensor*, N>& operands,
+                                        const std::array<const char*, N>& names, std::array<bool, N> mask,
+                                        std::int64_t red, Kernel&& kernel) {
+  const at::Tensor loss = new_loss(*operands[0], operands[0]->sizes(), red);
+  const std::array<at::Tensor, N> g =
+      run_backward<N>(operands, names, mask,
+                      [&](const std::array<std::optional<TensorView>, N>& v) { kernel(output_view(loss, "loss"), v); });
+  std::array<at::Tensor, N + 1> out;
+  out[0] = loss;
+  for (std::size_t i = 0; i < N; ++i) out[i + 1] = g[i];
+  return out;
+}
+
+// An (input, target) fused op: (loss, grad_input, grad_target).
+template <class Kernel>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_fused2(const at::Tensor& input, const at::Tensor& target,
+                                                          std::array<bool, 2> mask, std::int64_t red, Kernel&& kernel) {
+  const auto r = run_fused<2>({&input, &target}, {"grad_input", "grad_target"}, mask, red,
+                              [&](const TensorView& loss, const std::array<std::optional<TensorView>, 2>& v) {
+                                kernel(loss, PointwiseGrads{v[0], v[1], std::nullopt});
+                              });
+  return {r[0], r[1], r[2]};
+}
+
 // ---- mse_loss, l1_loss --------------------------------------------------------------------------------------
 
 template <class Options>
@@ -75,6 +103,15 @@ std::tuple<at::Tensor, at::Tensor> mse_loss_backward(const at::Tensor& grad_outp
   });
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mse_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                              const std::optional<at::Tensor>& weight, std::int64_t red,
+                                                              std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    mse_forward_backward(view(input, "input"), view(target, "target"), weighted_options<MseOptions>(weight, red), loss,
+                         grads);
+  });
+}
+
 at::Tensor l1_loss(const at::Tensor& input, const at::Tensor& target, const std::optional<at::Tensor>& weight,
                    std::int64_t red) {
   return run_forward(input, red, [&](const TensorView& loss) {
@@ -89,6 +126,15 @@ std::tuple<at::Tensor, at::Tensor> l1_loss_backward(const at::Tensor& grad_outpu
   return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
     l1_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
                 weighted_options<L1Options>(weight, red), grads);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l1_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                             const std::optional<at::Tensor>& weight, std::int64_t red,
+                                                             std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    l1_forward_backward(view(input, "input"), view(target, "target"), weighted_options<L1Options>(weight, red), loss,
+                        grads);
   });
 }
 
@@ -117,6 +163,14 @@ std::tuple<at::Tensor, at::Tensor> smooth_l1_loss_backward(const at::Tensor& gra
   });
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> smooth_l1_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                                    std::int64_t red, double beta,
+                                                                    std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    smooth_l1_forward_backward(view(input, "input"), view(target, "target"), smooth_l1_options(red, beta), loss, grads);
+  });
+}
+
 HuberOptions huber_options(const std::optional<at::Tensor>& weight, std::int64_t red, double delta) {
   auto o = weighted_options<HuberOptions>(weight, red);
   o.delta = delta;
@@ -138,6 +192,16 @@ std::tuple<at::Tensor, at::Tensor> huber_loss_backward(const at::Tensor& grad_ou
   return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
     huber_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
                    huber_options(weight, red, delta), grads);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> huber_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                std::int64_t red, double delta,
+                                                                std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    huber_forward_backward(view(input, "input"), view(target, "target"), huber_options(weight, red, delta), loss,
+                           grads);
   });
 }
 
@@ -168,6 +232,15 @@ std::tuple<at::Tensor, at::Tensor> kl_div_backward(const at::Tensor& grad_output
   });
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> kl_div_fused(const at::Tensor& input, const at::Tensor& target,
+                                                            std::int64_t red, bool batchmean, bool log_target,
+                                                            std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    kl_div_forward_backward(view(input, "input"), view(target, "target"), kl_div_options(red, batchmean, log_target),
+                            loss, grads);
+  });
+}
+
 // ---- hinge_embedding_loss (gradient for the input only, as torch) ---------------------------------------------
 
 HingeEmbeddingOptions hinge_options(double margin, std::int64_t red) {
@@ -190,6 +263,14 @@ at::Tensor hinge_embedding_loss_backward(const at::Tensor& grad_output, const at
     hinge_embedding_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
                              hinge_options(margin, red), grads);
   }));
+}
+
+std::tuple<at::Tensor, at::Tensor> hinge_embedding_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                              double margin, std::int64_t red) {
+  const auto r = run_fused2(input, target, {true, false}, red, [&](const TensorView& loss, const PointwiseGrads& g) {
+    hinge_embedding_forward_backward(view(input, "input"), view(target, "target"), hinge_options(margin, red), loss, g);
+  });
+  return {std::get<0>(r), std::get<1>(r)};
 }
 
 // ---- margin_ranking_loss ------------------------------------------------------------------------------------
@@ -221,6 +302,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> margin_ranking_loss_backward(
                                                 MarginRankingGrads{v[0], v[1], v[2]});
                       });
   return {g[0], g[1], g[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> margin_ranking_loss_fused(const at::Tensor& input1,
+                                                                                     const at::Tensor& input2,
+                                                                                     const at::Tensor& target,
+                                                                                     double margin, std::int64_t red,
+                                                                                     std::array<bool, 3> output_mask) {
+  const auto r = run_fused<3>({&input1, &input2, &target}, {"grad_input1", "grad_input2", "grad_target"}, output_mask,
+                              red, [&](const TensorView& loss, const std::array<std::optional<TensorView>, 3>& v) {
+                                margin_ranking_forward_backward(view(input1, "input1"), view(input2, "input2"),
+                                                                view(target, "target"), ranking_options(margin, red),
+                                                                loss, MarginRankingGrads{v[0], v[1], v[2]});
+                              });
+  return {r[0], r[1], r[2], r[3]};
 }
 
 // Runs a bce kernel. torch raises RuntimeError for an input outside [0, 1] ("all elements of input should be
@@ -285,6 +380,19 @@ std::tuple<at::Tensor, at::Tensor> binary_cross_entropy_backward(const at::Tenso
   });
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> binary_cross_entropy_fused(const at::Tensor& input,
+                                                                          const at::Tensor& target,
+                                                                          const std::optional<at::Tensor>& weight,
+                                                                          std::int64_t red,
+                                                                          std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    bce_kernel([&] {
+      bce_forward_backward(view(input, "input"), view(target, "target"), bce_options(weight, red), loss, grads);
+    });
+    check_bce_target(target);
+  });
+}
+
 // ---- binary_cross_entropy_with_logits -------------------------------------------------------------------------
 
 BceWithLogitsOptions bce_logits_options(const std::optional<at::Tensor>& weight,
@@ -313,6 +421,15 @@ std::tuple<at::Tensor, at::Tensor> binary_cross_entropy_with_logits_backward(
   return run_backward2(input, target, output_mask, [&](const PointwiseGrads& grads) {
     bce_with_logits_backward(view(input, "input"), view(target, "target"), view(go, "grad_output"),
                              bce_logits_options(weight, pos_weight, red), grads);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> binary_cross_entropy_with_logits_fused(
+    const at::Tensor& input, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& pos_weight, std::int64_t red, std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    bce_with_logits_forward_backward(view(input, "input"), view(target, "target"),
+                                     bce_logits_options(weight, pos_weight, red), loss, grads);
   });
 }
 
@@ -345,6 +462,16 @@ std::tuple<at::Tensor, at::Tensor> poisson_nll_loss_backward(const at::Tensor& g
   });
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> poisson_nll_loss_fused(const at::Tensor& input, const at::Tensor& target,
+                                                                      bool log_input, bool full, double eps,
+                                                                      std::int64_t red,
+                                                                      std::array<bool, 2> output_mask) {
+  return run_fused2(input, target, output_mask, red, [&](const TensorView& loss, const PointwiseGrads& grads) {
+    poisson_nll_forward_backward(view(input, "input"), view(target, "target"),
+                                 poisson_options(log_input, full, eps, red), loss, grads);
+  });
+}
+
 // ---- gaussian_nll_loss ----------------------------------------------------------------------------------------
 
 GaussianNllOptions gaussian_options(bool full, double eps, std::int64_t red) {
@@ -374,6 +501,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gaussian_nll_loss_backward(
                                                    PointwiseGrads{v[0], v[1], v[2]});
                            });
   return {g[0], g[1], g[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gaussian_nll_loss_fused(const at::Tensor& input,
+                                                                                   const at::Tensor& target,
+                                                                                   const at::Tensor& var, bool full,
+                                                                                   double eps, std::int64_t red,
+                                                                                   std::array<bool, 3> output_mask) {
+  const auto r = run_fused<3>({&input, &target, &var}, {"grad_input", "grad_target", "grad_var"}, output_mask, red,
+                              [&](const TensorView& loss, const std::array<std::optional<TensorView>, 3>& v) {
+                                gaussian_nll_forward_backward(view(input, "input"), view(target, "target"),
+                                                              view(var, "var"), gaussian_options(full, eps, red), loss,
+                                                              PointwiseGrads{v[0], v[1], v[2]});
+                              });
+  return {r[0], r[1], r[2], r[3]};
 }
 
 }  // namespace
@@ -426,6 +567,37 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "gaussian_nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor var, bool full, float eps, "
       "int reduction, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_target, Tensor grad_var)");
+  m.def(
+      "_mse_loss_fused(Tensor input, Tensor target, Tensor? weight, int reduction, bool[2] output_mask) -> "
+      "(Tensor, Tensor, Tensor)");
+  m.def(
+      "_l1_loss_fused(Tensor input, Tensor target, Tensor? weight, int reduction, bool[2] output_mask) -> "
+      "(Tensor, Tensor, Tensor)");
+  m.def(
+      "_smooth_l1_loss_fused(Tensor input, Tensor target, int reduction, float beta, bool[2] output_mask) -> "
+      "(Tensor, Tensor, Tensor)");
+  m.def(
+      "_huber_loss_fused(Tensor input, Tensor target, Tensor? weight, int reduction, float delta, "
+      "bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_kl_div_fused(Tensor input, Tensor target, int reduction, bool batchmean, bool log_target, "
+      "bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def("_hinge_embedding_loss_fused(Tensor input, Tensor target, float margin, int reduction) -> (Tensor, Tensor)");
+  m.def(
+      "_margin_ranking_loss_fused(Tensor input1, Tensor input2, Tensor target, float margin, int reduction, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "_binary_cross_entropy_fused(Tensor input, Tensor target, Tensor? weight, int reduction, bool[2] output_mask) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_binary_cross_entropy_with_logits_fused(Tensor input, Tensor target, Tensor? weight, Tensor? pos_weight, "
+      "int reduction, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_poisson_nll_loss_fused(Tensor input, Tensor target, bool log_input, bool full, float eps, int reduction, "
+      "bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_gaussian_nll_loss_fused(Tensor input, Tensor target, Tensor var, bool full, float eps, int reduction, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace lossfuse::torch_binding {
@@ -454,6 +626,17 @@ void register_kernels(torch::Library& m) {
   m.impl("poisson_nll_loss_backward", &poisson_nll_loss_backward);
   m.impl("gaussian_nll_loss", &gaussian_nll_loss);
   m.impl("gaussian_nll_loss_backward", &gaussian_nll_loss_backward);
+  m.impl("_mse_loss_fused", &mse_loss_fused);
+  m.impl("_l1_loss_fused", &l1_loss_fused);
+  m.impl("_smooth_l1_loss_fused", &smooth_l1_loss_fused);
+  m.impl("_huber_loss_fused", &huber_loss_fused);
+  m.impl("_kl_div_fused", &kl_div_fused);
+  m.impl("_hinge_embedding_loss_fused", &hinge_embedding_loss_fused);
+  m.impl("_margin_ranking_loss_fused", &margin_ranking_loss_fused);
+  m.impl("_binary_cross_entropy_fused", &binary_cross_entropy_fused);
+  m.impl("_binary_cross_entropy_with_logits_fused", &binary_cross_entropy_with_logits_fused);
+  m.impl("_poisson_nll_loss_fused", &poisson_nll_loss_fused);
+  m.impl("_gaussian_nll_loss_fused", &gaussian_nll_loss_fused);
 }
 }  // namespace
 }  // namespace lossfuse::torch_binding

@@ -1,6 +1,8 @@
 """One registration per op: torch.library.register_autograd plus its eager fast path (ops.<name>), built from one
 setup_context / backward pair and the op's torch composition."""
 
+import math
+
 import torch
 
 from ._args import as_argument_error
@@ -8,7 +10,7 @@ from ._func import (_JVP, _OwnSaved, _in_function_forward, _interpreters, _keep_
                     _primals, _setup_saving_primals, differentiable_grads, graph_needed)
 from ._outputs import in_acc_dtype, new_grad, new_loss
 from ._roads import (_NO_GRAD, _WANTS_GRAD, _below_autograd, _dual_masks, _eager_state, _fwad, _has_tangent,
-                     forward_ad_active)
+                     eager_scalar, forward_ad_active, is_eager)
 
 
 class _Ops:
@@ -21,20 +23,25 @@ class _Ops:
 ops = _Ops()
 
 
-def register_autograd(name, backward, setup_context, composition=None, outputs=1, differentiable=None):
+def register_autograd(name, backward, setup_context, composition=None, outputs=1, differentiable=None,
+                      eager_forward=None):
     """torch.library.register_autograd for lossfuse::<name>, plus its eager fast path as ops.<name>.
 
     composition(*args): the op's first output (the loss) computed by differentiable torch operations, in the dtype
     the op returns it; with it, forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad) works
     through the op: its tangent is the composition's. `outputs`: how many tensors the op returns (the others get no
     tangent). `differentiable`: the positions of the arguments that carry tangents, or a function of the arguments
-    giving them (default: every tensor); the others (class weights whose tangent torch ignores too) are constants."""
+    giving them (default: every tensor); the others (class weights whose tangent torch ignores too) are constants.
+    `eager_forward(ctx, args)`: the op's output made another way on the eager autograd.Function road (the gradients
+    too, kept on ctx for backward), or None for the op itself."""
     torch.library.register_autograd(f"lossfuse::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.lossfuse, name).default
 
     def forward(ctx, *args):
-        with _below_autograd():  # straight to the kernel, past the registered autograd
-            output = op(*args)
+        output = eager_forward(ctx, args) if eager_forward is not None else None
+        if output is None:
+            with _below_autograd():  # straight to the kernel, past the registered autograd
+                output = op(*args)
         setup_context(ctx, args, output)
         if composition is not None and forward_ad_active():
             _keep_primals(ctx, args, output)
@@ -242,6 +249,51 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
     backward_op = getattr(ops, name + "_backward")
     masked = "output_mask" in [a.name for a in backward_op.default._schema.arguments]
     n_wanted = n_grads + (weight_grad is not None)
+    # the fused op where the loss has one (_<name>_fused: the loss and the masked gradients for an upstream gradient
+    # of 1, one pass: the elementwise losses)
+    fused_op = getattr(torch.ops.lossfuse, f"_{name}_fused", None)
+    reduction_at = fused_op and [a.name for a in fused_op.default._schema.arguments].index("reduction")
+
+    def fused_call(args, mask):
+        """The fused op's gradients, one per differentiable operand (None where the mask is off; an op without a mask
+        gives the first operand's alone, as its backward op), and its loss."""
+        with _below_autograd():
+            loss, *grads = fused_op.default(*args, mask) if masked else fused_op.default(*args)
+        return loss, [g if w else None for g, w in zip(grads + [None] * (n_grads - len(grads)), mask)]
+
+    def fused_forward(ctx, args):
+        """A plain eager training step with reduction mean or sum, no weight gradient wanted: the fused op, its
+        gradients kept on ctx (ctx.fused) for backward to hand over. None elsewhere (the forward op then)."""
+        mask = list(ctx.needs_input_grad[:n_grads])
+        if (args[reduction_at] == 0 or not (any(mask) if masked else mask[0]) or not is_eager(args[0])
+                or forward_ad_active()
+                or (weight_grad is not None and args[n_grads] is not None and ctx.needs_input_grad[n_grads])):
+            return None
+        loss, ctx.fused = fused_call(args, mask)
+        ctx.fused_mask = mask
+        return loss
+
+    def handed_over(ctx, tensors, grad_output):
+        """The fused forward's gradients for this upstream gradient, or None (the backward op then): handed over once,
+        scaled in place where the upstream gradient is finite and not 1 (float32 / float64 only: a 16-bit gradient
+        scaled after its rounding would be off torch's once-rounded one); where it is not finite, a formula's
+        0 * inf would not be torch's. A retained graph's next backward runs the fused op again, so that it gives the
+        same bits (backward is reentrant, as gradcheck checks). Only eager values are read."""
+        mask = getattr(ctx, "fused_mask", None)
+        scale = eager_scalar(grad_output) if mask is not None else None
+        fused, ctx.fused = getattr(ctx, "fused", None), None
+        if scale is None:
+            return None
+        wide = tensors[0].dtype in (torch.float32, torch.float64)  # every operand's and gradient's dtype
+        if not (scale == 1 or (wide and math.isfinite(scale))):
+            return None
+        if fused is None:
+            fused = fused_call((*tensors, *ctx.args), mask)[1]
+        if scale != 1:
+            for g in fused:
+                if g is not None:
+                    g.mul_(scale)
+        return fused
 
     def setup_context(ctx, inputs, output):
         ctx.args = tuple(inputs[n_tensors:])
@@ -262,7 +314,10 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
                 tensors, wanted + [False] * (n_tensors - n_wanted), grad_output)[:n_wanted]
             return (*grads, *[None] * len(ctx.args))
         mask = wanted[:n_grads]
-        if masked and any(mask):
+        fused = handed_over(ctx, tensors, grad_output)
+        if fused is not None:
+            grads[:n_grads] = [g if w else None for g, w in zip(fused, mask)]
+        elif masked and any(mask):
             computed = backward_op(grad_output, *tensors, *ctx.args, mask)
             grads[:n_grads] = [g if w else None for g, w in zip(computed, mask)]
         elif mask[0]:
@@ -273,4 +328,4 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
 
     register_autograd(name, backward, setup_context,
                       lambda *inputs: formula(*in_acc_dtype(inputs[:n_tensors]), *inputs[n_tensors:]),
-                      differentiable=differentiable)
+                      differentiable=differentiable, eager_forward=fused_forward if fused_op else None)

@@ -128,11 +128,29 @@ def _lossfuse_nodes(t):
     return names
 
 
+# The elementwise losses, whose plain eager training step (reduction mean or sum) runs the fused op
+# (_<loss>_fused: loss and gradients in one pass) where the registered op's road runs the forward and backward ops.
+FUSED_EAGER = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "hinge_embedding_loss",
+               "margin_ranking_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "poisson_nll_loss",
+               "gaussian_nll_loss"}
+
+
 @pytest.mark.parametrize("op", OPS, ids=_id)
 def test_eager_fast_path_equals_registered_op(op):
     """Plain eager calls apply an autograd.Function directly; under a dispatch mode the same call goes through the
-    registered op and its torch.library autograd. Both must give bitwise the same loss and gradients."""
-    ours_fn = getattr(LF, op.name[len("nn.functional."):])
+    registered op and its torch.library autograd. Both must give bitwise the same loss and gradients; for the
+    elementwise losses' fused eager step, the same within float32's rounding (the same formulas in one loop, where
+    the compiler may fuse a multiply and an add that it keeps apart in the two loops: 1 ulp here and there)."""
+    name = op.name[len("nn.functional."):]
+    ours_fn = getattr(LF, name)
+
+    def same(a, b):
+        a, b = a.nan_to_num(7.0), b.nan_to_num(7.0)
+        if name not in FUSED_EAGER:
+            return torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=4 * torch.finfo(a.dtype).eps, atol=1e-30)
+        return True
+
     compared = 0
     for sample in op.sample_inputs("cpu", torch.float32, requires_grad=True):
         results = []
@@ -155,11 +173,11 @@ def test_eager_fast_path_equals_registered_op(op):
         if isinstance(eager, type) or isinstance(traced, type):
             assert eager == traced, f"{sample}: {eager} vs {traced}"
             continue
-        assert torch.equal(eager[0].nan_to_num(7.0), traced[0].nan_to_num(7.0)), sample
+        assert same(eager[0], traced[0]), sample
         for a, b in zip(eager[1], traced[1]):
             assert (a is None) == (b is None), sample
             if a is not None:
-                assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), sample
+                assert same(a, b), sample
         if eager[2]:
             assert all(n.startswith("lossfuse_") for n in eager[2]), eager[2]
             assert all(n.startswith("GeneratedBackwardFor_lossfuse") for n in traced[2]), traced[2]

@@ -204,11 +204,12 @@ def assert_close(ours, ref, dtype, what, terms=1):
                                msg=lambda m: f"{what}: {m}")
 
 
-def check_against_torch(name, opts, reduction, ops, diff=None, build=None, dtype=None, terms=None):
+def check_against_torch(name, opts, reduction, ops, diff=None, build=None, dtype=None, terms=None, upstream=None):
     """Runs lossfuse on the operands as given (through `build`, which may make views of them) and torch in float64
     on the same values; compares the loss (value, shape, and dtype: torch's on the given dtypes) and the gradients of
     the operands in `diff` (default: those torch differentiates). dtype: the tolerance's (default: the operands'
-    loosest); terms[i]: how many elements of the built operand i are views of one leaf element (an expanded view)."""
+    loosest); terms[i]: how many elements of the built operand i are views of one leaf element (an expanded view);
+    upstream: the upstream gradient's every element (default: random)."""
     diff = differentiable(name, opts) if diff is None else diff
     build = build or (lambda ts: ts)
     dtype = dtype or worst_dtype(ops)
@@ -225,6 +226,8 @@ def check_against_torch(name, opts, reduction, ops, diff=None, build=None, dtype
     if not diff:
         return
     g = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(ours.dtype)
+    if upstream is not None:
+        g = torch.full(ref.shape, upstream, dtype=ours.dtype)
     ours_g = torch.autograd.grad(ours, [ours_in[i] for i in diff], g)
     ref_g = torch.autograd.grad(ref, [ref_in[i] for i in diff], g.double())  # the same (rounded) values
     full = _full_shape(ops)
@@ -564,6 +567,42 @@ def test_one_operand_requiring_grad(name, opts):
     ops, diff = make_operands(name, opts, (3, 4), torch.float32, gen)
     for i in diff:
         check_against_torch(name, opts, "none", ops, [i])
+
+
+def lossfuse_ops_run(fn):
+    """The lossfuse ops fn() runs (torch's profiler)."""
+    with torch.autograd.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.function_events if e.name.startswith("lossfuse::")}
+
+
+@pytest.mark.parametrize("upstream", [1.0, 2.5, math.inf])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name,opts,reduction", [c for c in CASES_AND_REDUCTIONS if c[2] != "none"], ids=case_id)
+def test_eager_training_step_takes_the_fused_op(name, opts, reduction, dtype, upstream):
+    """An eager training step (reduction mean or sum, no weight gradient) runs one op, _<loss>_fused: the loss and
+    its gradients in one pass, handed over by backward for an upstream gradient of 1 and scaled in place for another
+    finite one in float32. A 16-bit gradient for another upstream gradient, and any for a non-finite one, is made
+    again by the backward op. Values against torch in float64 in every case."""
+    gen = torch.Generator().manual_seed(seed_of(name, reduction, str(dtype), upstream))
+    ops, diff = make_operands(name, opts, (5, 7), dtype, gen)
+    if math.isfinite(upstream):
+        ran = lossfuse_ops_run(lambda: check_against_torch(name, opts, reduction, ops, upstream=upstream))
+    else:  # the backward op's values for it are its own tests' (the spec tables' NaN and inf cases)
+        leaves = [o.detach().clone().requires_grad_(i in diff) for i, o in enumerate(ops)]
+
+        def step():
+            loss = call(LF, name, opts, leaves, reduction)
+            torch.autograd.grad(loss, [leaves[i] for i in diff], torch.full_like(loss, upstream))
+        ran = lossfuse_ops_run(step)
+    weight_at = n_operands(name, opts)
+    fusable = not (name in WEIGHT_DIFFERENTIABLE and opts.get("weight") and weight_at in diff)
+    # the kernel's dtype: float32 for a 16-bit gaussian_nll whose var is broadcast and differentiated (its gradient
+    # is summed in float32)
+    wide = dtype == torch.float32 or (name == GAUSS and opts["var"] in ("short", "last1", "dim0"))
+    remade = not fusable or not (upstream == 1 or (wide and math.isfinite(upstream)))
+    assert (f"lossfuse::_{name}_fused" in ran) == fusable, ran
+    assert (f"lossfuse::{name}_backward" in ran) == remade, ran
 
 
 @pytest.mark.parametrize("name,opts", [("mse_loss", {"weight": "full"}), (BCE, {})], ids=case_id)
