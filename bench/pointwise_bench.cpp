@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -190,6 +191,12 @@ void store(DType t, void* p, std::int64_t i, double v) {
   }
 }
 
+void fill_nan(DType t, void* p, std::int64_t n) {
+  parallel_for(0, n, 1 << 16, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) store(t, p, i, std::numeric_limits<double>::quiet_NaN());
+  });
+}
+
 void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
   const std::vector<std::int64_t> shape = {n};
   const std::string name(loss_kind_name(b.kind));
@@ -229,6 +236,9 @@ void run_group(Run& run, const PwBench& b, std::int64_t n, DType dtype) {
     row.dtype = std::string(short_dtype_name(dtype));
     row.direction = direction;
     const double moved = static_cast<double>(bytes) * (bwd ? k + 1 : k);
+    // every row's outputs start as NaN, so that a check cannot pass on an earlier row's values
+    fill_nan(dtype, grad.data(), n);
+    loss = std::numeric_limits<float>::quiet_NaN();
     auto kernel = [&] {
       if (dir == Dir::fused) {
         b.fused(ops, l, g);

@@ -10,7 +10,8 @@
 // grad_loss: the loss's shape and dtype (absent: 1). Gradients are optional outputs with the input's dtype and
 // shape, disjoint from every other buffer and with no repeated elements.
 // <loss>_forward_backward: the forward's loss and the backward's gradients for grad_loss absent (1; reduction none: 1
-// per element) in one pass over the operands, after every check of both entries (nothing written unless all pass).
+// per element) in one pass over the operands, after every check of both entries (nothing written unless all pass:
+// bce's input and gaussian_nll's var are read once more before it, by their value check).
 // Loss and gradients come from the same formulas as the two entries' and keep their error bounds (every spec table of
 // tests/cpu/pointwise_harness.hpp checks all three entries), not always their bits: the compiler may fuse a formula's
 // multiplies and adds differently in the one loop.

@@ -9,8 +9,8 @@ from ._args import as_argument_error
 from ._func import (_JVP, _OwnSaved, _in_function_forward, _interpreters, _keep_primals, _one_grad_level, _outer_grad,
                     _primals, _setup_saving_primals, differentiable_grads, graph_needed)
 from ._outputs import in_acc_dtype, new_grad, new_loss
-from ._roads import (_NO_GRAD, _WANTS_GRAD, _below_autograd, _dual_masks, _eager_state, _fwad, _has_tangent,
-                     eager_scalar, forward_ad_active, is_eager)
+from ._roads import (_NO_GRAD, _PLAIN, _WANTS_GRAD, _below_autograd, _dual_masks, _eager_state, _fwad, _has_tangent,
+                     eager_scalar, forward_ad_active)
 
 
 class _Ops:
@@ -265,8 +265,8 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
         """A plain eager training step with reduction mean or sum, no weight gradient wanted: the fused op, its
         gradients kept on ctx (ctx.fused) for backward to hand over. None elsewhere (the forward op then)."""
         mask = list(ctx.needs_input_grad[:n_grads])
-        if (args[reduction_at] == 0 or not (any(mask) if masked else mask[0]) or not is_eager(args[0])
-                or forward_ad_active()
+        if (args[reduction_at] == 0 or not (any(mask) if masked else mask[0]) or type(args[0]) not in _PLAIN
+                or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active() or forward_ad_active()
                 or (weight_grad is not None and args[n_grads] is not None and ctx.needs_input_grad[n_grads])):
             return None
         loss, ctx.fused = fused_call(args, mask)
@@ -275,17 +275,20 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
 
     def handed_over(ctx, tensors, grad_output):
         """The fused forward's gradients for this upstream gradient, or None (the backward op then): handed over once,
-        scaled in place where the upstream gradient is finite and not 1 (float32 / float64 only: a 16-bit gradient
-        scaled after its rounding would be off torch's once-rounded one); where it is not finite, a formula's
-        0 * inf would not be torch's. A retained graph's next backward runs the fused op again, so that it gives the
-        same bits (backward is reentrant, as gradcheck checks). Only eager values are read."""
+        scaled in place where that gives torch's once-rounded value: any finite upstream gradient in float32 / float64,
+        a power of two in bfloat16 (exact but for subnormal results), 1 alone in float16 (whose small gradients are
+        subnormal before a GradScaler's scale; a non-finite one would meet a formula's 0 * inf, not torch's). A retained
+        graph's next backward runs the fused op again, so that it gives the same bits (backward is reentrant, as
+        gradcheck checks). The upstream gradient's value is read (eager only; on CUDA, a synchronisation)."""
         mask = getattr(ctx, "fused_mask", None)
-        scale = eager_scalar(grad_output) if mask is not None else None
-        fused, ctx.fused = getattr(ctx, "fused", None), None
-        if scale is None:
+        if mask is None:
             return None
-        wide = tensors[0].dtype in (torch.float32, torch.float64)  # every operand's and gradient's dtype
-        if not (scale == 1 or (wide and math.isfinite(scale))):
+        scale = eager_scalar(grad_output)
+        fused, ctx.fused = ctx.fused, None
+        dtype = tensors[0].dtype  # every operand's and gradient's
+        exact = scale is not None and math.isfinite(scale) and scale != 0 and (
+            dtype in (torch.float32, torch.float64) or (dtype == torch.bfloat16 and abs(math.frexp(scale)[0]) == 0.5))
+        if not (scale == 1 or exact):
             return None
         if fused is None:
             fused = fused_call((*tensors, *ctx.args), mask)[1]

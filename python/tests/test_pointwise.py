@@ -576,16 +576,22 @@ def lossfuse_ops_run(fn):
     return {e.name for e in prof.function_events if e.name.startswith("lossfuse::")}
 
 
-@pytest.mark.parametrize("upstream", [1.0, 2.5, math.inf])
+@pytest.mark.parametrize("upstream", [1.0, 2.5, 0.125, math.inf])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name,opts,reduction", [c for c in CASES_AND_REDUCTIONS if c[2] != "none"], ids=case_id)
 def test_eager_training_step_takes_the_fused_op(name, opts, reduction, dtype, upstream):
     """An eager training step (reduction mean or sum, no weight gradient) runs one op, _<loss>_fused: the loss and
     its gradients in one pass, handed over by backward for an upstream gradient of 1 and scaled in place for another
-    finite one in float32. A 16-bit gradient for another upstream gradient, and any for a non-finite one, is made
-    again by the backward op. Values against torch in float64 in every case."""
+    finite one in float32, a power of two in bfloat16. Other bfloat16 gradients, and any for a non-finite upstream
+    gradient, are made again by the backward op. Values against torch in float64 in every case; the weighted cases
+    once with a constant weight (fused) and once with a weight requiring grad (not)."""
     gen = torch.Generator().manual_seed(seed_of(name, reduction, str(dtype), upstream))
     ops, diff = make_operands(name, opts, (5, 7), dtype, gen)
+    weight_at = n_operands(name, opts)
+    if name in WEIGHT_DIFFERENTIABLE and opts.get("weight") and upstream == 2.5:
+        constant = [i for i in diff if i != weight_at]  # the weight as a constant: the fused road
+        ran = lossfuse_ops_run(lambda: check_against_torch(name, opts, reduction, ops, constant, upstream=upstream))
+        assert f"lossfuse::_{name}_fused" in ran, ran
     if math.isfinite(upstream):
         ran = lossfuse_ops_run(lambda: check_against_torch(name, opts, reduction, ops, upstream=upstream))
     else:  # the backward op's values for it are its own tests' (the spec tables' NaN and inf cases)
@@ -595,12 +601,12 @@ def test_eager_training_step_takes_the_fused_op(name, opts, reduction, dtype, up
             loss = call(LF, name, opts, leaves, reduction)
             torch.autograd.grad(loss, [leaves[i] for i in diff], torch.full_like(loss, upstream))
         ran = lossfuse_ops_run(step)
-    weight_at = n_operands(name, opts)
     fusable = not (name in WEIGHT_DIFFERENTIABLE and opts.get("weight") and weight_at in diff)
     # the kernel's dtype: float32 for a 16-bit gaussian_nll whose var is broadcast and differentiated (its gradient
     # is summed in float32)
     wide = dtype == torch.float32 or (name == GAUSS and opts["var"] in ("short", "last1", "dim0"))
-    remade = not fusable or not (upstream == 1 or (wide and math.isfinite(upstream)))
+    exact = wide and math.isfinite(upstream) or (dtype == torch.bfloat16 and upstream == 0.125)
+    remade = not fusable or not (upstream == 1 or exact)
     assert (f"lossfuse::_{name}_fused" in ran) == fusable, ran
     assert (f"lossfuse::{name}_backward" in ran) == remade, ran
 

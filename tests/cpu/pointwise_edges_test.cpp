@@ -184,6 +184,16 @@ TEST(PointwiseEdgeErrors, BceInputOutOfRange) {
                            {o.gx.view, o.gy.view, std::nullopt});
         },
         {ErrorCode::invalid_value}));
+    for (Reduction r : {Reduction::none, Reduction::mean}) {  // the fused entry: neither loss nor gradients
+      EXPECT_TRUE(throws_error(
+          [&] {
+            lf::bce_forward_backward(x.view, y.view, {r, std::nullopt},
+                                     r == Reduction::none ? o.loss.view : o.loss0.view,
+                                     {o.gx.view, o.gy.view, std::nullopt});
+          },
+          {ErrorCode::invalid_value}, &msg));
+      EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+    }
     EXPECT_TRUE(o.untouched());
   }
   // 2-D position in the message
@@ -249,6 +259,16 @@ TEST(PointwiseEdgeErrors, ReducedForwardChecksInKernel) {
                 {ErrorCode::invalid_value}, &msg));
             EXPECT_NE(msg.find(where), std::string::npos) << msg;
             for (auto b : loss.storage) EXPECT_EQ(b, kSentinel);
+            Tensor grad = Tensor::make(t, {n}, Layout::contiguous, kSentinel);
+            EXPECT_TRUE(throws_error(
+                [&] {
+                  lf::bce_forward_backward(x.view, y.view, {r, std::nullopt}, loss.view,
+                                           {grad.view, std::nullopt, std::nullopt});
+                },
+                {ErrorCode::invalid_value}, &msg));
+            EXPECT_NE(msg.find(where), std::string::npos) << msg;
+            for (const Tensor* out : {&loss, &grad})
+              for (auto b : out->storage) EXPECT_EQ(b, kSentinel);
           }
           x.set(pos, 0.25);
           v.set(pos, -1e-3);
@@ -289,6 +309,12 @@ TEST(PointwiseEdgeErrors, GaussianNegativeVar) {
         lf::gaussian_nll_backward(x.view, y.view, v.view, std::nullopt, {Reduction::mean}, {gx.view, {}, gv.view});
       },
       {ErrorCode::invalid_value}));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        lf::gaussian_nll_forward_backward(x.view, y.view, v.view, {Reduction::none}, loss.view, {gx.view, {}, gv.view});
+      },
+      {ErrorCode::invalid_value}, &msg));
+  EXPECT_NE(msg.find("[6]"), std::string::npos) << msg;
   for (const Tensor* t : {&loss, &gx, &gv})
     for (auto b : t->storage) EXPECT_EQ(b, kSentinel);
   // NaN var passes the check (torch's any(var < 0)) and gives NaN
