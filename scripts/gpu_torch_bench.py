@@ -1,5 +1,6 @@
 """torch's own cross-entropy on CUDA at the shapes of lossfuse_cuda_bench: eager forward, eager forward+backward and
-torch.compile forward+backward (median of timed calls, triton.testing.do_bench); and its ctc_loss forward+backward at
+torch.compile forward+backward (median of timed calls, triton.testing.do_bench); its elementwise losses' eager
+forward+backward on the bench's 16M elements (reduction mean, the input's gradient); and its ctc_loss forward+backward at
 the bench's CTC shapes, native and cuDNN (whose conditions: float32, blank 0, concatenated int32 targets and int32
 lengths on the CPU, every input length T, labels <= 256). Writes CSV rows in the bench's format (pct_of_probe left
 empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
@@ -41,6 +42,50 @@ def ctc_rows():
     return rows
 
 
+PW_ELEMENTS = 1 << 24
+
+
+def pointwise_rows():
+    """Each elementwise loss of lossfuse_cuda_bench (bench/pointwise_rows.hpp: N(0, 1) operands mapped into the loss's
+    domain, reduction mean, default options), torch eager, float32 and bfloat16: forward+backward for the input's
+    gradient, bytes as the bench's (k operands read, the gradient written)."""
+    sig = torch.sigmoid
+    losses = [  # name, operands from three N(0, 1) tensors (x, y, z), torch's call
+        ("mse", lambda x, y, z: (x, y), F.mse_loss), ("l1", lambda x, y, z: (x, y), F.l1_loss),
+        ("smooth_l1", lambda x, y, z: (x, y), F.smooth_l1_loss), ("huber", lambda x, y, z: (x, y), F.huber_loss),
+        ("bce", lambda x, y, z: (sig(x), sig(y)), F.binary_cross_entropy),
+        ("bce_with_logits", lambda x, y, z: (x, sig(y)), F.binary_cross_entropy_with_logits),
+        ("kl_div", lambda x, y, z: (-x.abs() - 0.1, sig(y)), F.kl_div),
+        ("poisson_nll", lambda x, y, z: (x, (2 * y.abs()).floor()), F.poisson_nll_loss),
+        ("gaussian_nll", lambda x, y, z: (x, y, 0.5 + z.abs()), F.gaussian_nll_loss),
+        ("hinge_embedding", lambda x, y, z: (x, torch.where(y >= 0, 1.0, -1.0)), F.hinge_embedding_loss),
+        ("margin_ranking", lambda x, y, z: (x, y, torch.where(z >= 0, 1.0, -1.0)), F.margin_ranking_loss),
+    ]
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    base = [torch.randn(PW_ELEMENTS, device="cuda", generator=gen) for _ in range(3)]
+    for dt in (torch.float32, torch.bfloat16):
+        name = "f32" if dt == torch.float32 else "bf16"
+        for loss, make, fn in losses:
+            ops = [o.to(dt) for o in make(*base)]
+            x = ops[0].clone().requires_grad_(True)
+
+            def step():
+                x.grad = None
+                fn(x, *ops[1:]).backward()
+
+            try:
+                ms = do_bench(step, warmup=20, rep=200, return_mode="median")
+            except RuntimeError as e:  # a dtype torch's kernel lacks: noted, the others still run
+                print(f"{loss},{name}: {e}", flush=True)
+                continue
+            moved = (len(ops) + 1) * x.numel() * x.element_size()
+            rows.append([loss, 1, PW_ELEMENTS, name, "torch_eager_forward_backward", f"{ms * 1e3:.1f}", moved,
+                         f"{moved / ms / 1e6:.1f}", ""])
+            print(",".join(map(str, rows[-1])), flush=True)
+    return rows
+
+
 def fwd_bwd(x, t):
     x.grad = None
     F.cross_entropy(x, t).backward()
@@ -69,6 +114,7 @@ def main(path):
             print(",".join(map(str, rows[-1])), flush=True)
         del x, t
         torch.cuda.empty_cache()
+    rows += pointwise_rows()
     rows += ctc_rows()
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows(rows)

@@ -1,4 +1,5 @@
-// lossfuse CUDA bench: cross-entropy, the five margin losses and CTC through the public C++ API on device tensors, against
+// lossfuse CUDA bench: cross-entropy, the eleven elementwise losses (forward, backward, both in one pass), the five margin
+// losses and CTC through the public C++ API on device tensors, against
 // the device's own read-only and copy probes; the fused linear loss against its three GEMMs alone on cuBLAS (a table
 // of its own at the CSV's end: time per call, TFLOP/s of the 6 N H V flops, and the time over the GEMMs'). Prints one
 // CSV row per (loss, shape, dtype, mode): the median time per call over timed repetitions (CUDA events around the whole
@@ -24,6 +25,9 @@
 #include "lossfuse/linear_cross_entropy.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/margin.hpp"
+
+#include "bench_common.hpp"
+#include "pointwise_rows.hpp"
 
 namespace {
 
@@ -101,6 +105,52 @@ void emit_row(FILE* csv, std::string_view loss, std::int64_t rows, std::int64_t 
 
 TensorView view2(void* p, DType dt, std::int64_t n, std::int64_t c) {
   return TensorView::contiguous(p, dt, {n, c}, lossfuse::Device::cuda);
+}
+
+// The elementwise losses on 16M elements (bench/pointwise_rows.hpp: operands drawn from N(0, 1) and mapped into each
+// loss's domain, reduction mean, default options, the input's gradient), float32 and bfloat16: the forward reads the
+// k operands (read probe); the backward and the fused entry read them and write the gradient (copy probe).
+void bench_pointwise(FILE* csv, double read_gbs, double copy_gbs) {
+  constexpr std::int64_t n = std::int64_t{1} << 24;
+  std::vector<float> normal(3 * static_cast<std::size_t>(n));
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> dist;
+  for (float& v : normal) v = dist(rng);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::size_t esz = lossfuse::dtype_size(dt);
+    void* buf[4] = {};  // three operands, the gradient
+    for (void*& p : buf) ok(cudaMalloc(&p, n * esz), "malloc");
+    void* loss = nullptr;
+    ok(cudaMalloc(&loss, 8), "malloc");
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
+    std::vector<float> vals(static_cast<std::size_t>(n));
+    const auto cu = lossfuse::Device::cuda;
+    const TensorView lv = TensorView::contiguous(loss, DType::f32, {}, cu);
+    const TensorView gv = TensorView::contiguous(buf[3], dt, {n}, cu);
+    for (const lossfuse::bench::PwBench& row : lossfuse::bench::kRows) {
+      lossfuse::bench::Ops ops;
+      for (int j = 0; j < row.operands; ++j) {  // operand j on the device, in the loss's domain
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float v = normal[static_cast<std::size_t>(j * n + i)];
+          vals[i] = row.domain != nullptr ? static_cast<float>(row.domain(j, v)) : v;
+          if (dt == DType::bf16) bits[i] = lossfuse::bench::float_to_bf16(vals[i]);
+        }
+        const void* host = dt == DType::bf16 ? static_cast<const void*>(bits.data()) : vals.data();
+        ok(cudaMemcpy(buf[j], host, n * esz, cudaMemcpyHostToDevice), "copy");
+        ops.push_back(TensorView::contiguous(buf[j], dt, {n}, cu));
+      }
+      const double operands = row.operands * static_cast<double>(n * esz), grad = static_cast<double>(n * esz);
+      const double fwd = median_ms([&] { row.forward(ops, lv); }, 20);
+      const double bwd = median_ms([&] { row.backward(ops, gv); }, 20);
+      const double both = median_ms([&] { row.fused(ops, lv, gv); }, 20);
+      const std::string_view name = lossfuse::loss_kind_name(row.kind);
+      emit_row(csv, name, 1, n, dt, "forward", fwd, operands, read_gbs);
+      emit_row(csv, name, 1, n, dt, "backward", bwd, operands + grad, copy_gbs);
+      emit_row(csv, name, 1, n, dt, "forward_backward", both, operands + grad, copy_gbs);
+    }
+    for (void* p : buf) ok(cudaFree(p), "free");
+    ok(cudaFree(loss), "free");
+  }
 }
 
 // The margin losses at (4096, 1024), mean reduction: the forward reads the inputs (and targets), the backward reads
@@ -415,6 +465,7 @@ int main(int argc, char** argv) {
     }
     for (void* p : {x, g, t, loss, lse}) ok(cudaFree(p), "free");
   }
+  if (only.empty()) bench_pointwise(csv, read_gbs, copy_gbs);
   if (only.empty()) bench_margin(csv, read_gbs, copy_gbs);
   if (only.empty()) bench_ctc(csv, read_gbs, copy_gbs);
   if (only.empty()) bench_linear(csv);
