@@ -1,4 +1,4 @@
-// libFuzzer target: the eleven elementwise losses' forward and backward entry points on inputs the bytes choose:
+// libFuzzer target: the eleven elementwise losses' forward, backward and fused entry points on inputs the bytes choose:
 // the loss, the float dtype, a shape of rank 0 to 3 (sizes 0 to 4), strides per operand (negative, padded, 0 as
 // torch's broadcast), weights, pos_weight, var, every option (NaN, inf and out-of-range values among them), the
 // reduction (an out-of-range one too), an upstream gradient, and now and then one bad argument: a mismatched
@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes b{data, size};
   const auto k = static_cast<PwLoss>(b.below(kKinds));
   const DType dt = b.pick(kDtypes);
-  const bool backward = b.chance(2);
+  const int entry = static_cast<int>(b.below(3));             // forward, backward, both in one pass
+  const bool backward = entry != 0, fused = entry == 2;       // backward: gradients written
   const auto reduction = static_cast<Reduction>(b.below(4));  // 3: out of range
   std::vector<std::int64_t> shape(static_cast<std::size_t>(b.below(4)));
   for (auto& s : shape) s = b.below(5);
@@ -92,11 +93,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool none = reduction == Reduction::none;
   const DType acc = acc_of(dt);
   const DType loss_dt = bad == 2 ? (acc == DType::f32 ? DType::f64 : DType::f32) : acc;
-  valid &= !(bad == 2 && !backward);
+  valid &= !(bad == 2 && (!backward || fused));  // a loss output of the wrong dtype
   Buf loss = Buf::canary(loss_dt, none ? shape : std::vector<std::int64_t>{});
   Buf gl;
   std::vector<double> glv;
-  const bool has_gl = backward && b.chance(2);
+  const bool has_gl = backward && !fused && b.chance(2);
   if (has_gl) {
     gl = Buf(acc, none ? shape : std::vector<std::int64_t>{}, &b, true);
     glv = gl.fill([&](std::int64_t) { return b.pick({1.0, -2.0, 0.5, 0.0}); });
@@ -114,8 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::optional<TensorView> glo = has_gl ? std::optional<TensorView>(gl.view) : std::nullopt;
 
   if (verbose) {
-    trace("kind %d dtype %s backward %d reduction %d bad %d param %g flags %d %d want_y %d want_z %d valid %d\n",
-          static_cast<int>(k), lossfuse::dtype_name(dt).data(), backward, static_cast<int>(reduction), bad,
+    trace("kind %d dtype %s entry %d reduction %d bad %d param %g flags %d %d want_y %d want_z %d valid %d\n",
+          static_cast<int>(k), lossfuse::dtype_name(dt).data(), entry, static_cast<int>(reduction), bad,
           o.param + o.eps + o.margin, flag1, flag2, want_y, want_z, valid);
     show("input", x), show("target", y);
     if (has_z) show("third", z);
@@ -127,7 +128,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     lftest::PwArgs args{k, o, reduction, x.view, y.view, std::nullopt, std::nullopt};
     if (has_z) args.z = z.view;
     if (has_w) args.weight = w.view;
-    backward ? lftest::pw_backward(args, glo, grads) : lftest::pw_forward(args, loss.view);
+    if (fused) {
+      lftest::pw_forward_backward(args, loss.view, grads);
+    } else if (backward) {
+      lftest::pw_backward(args, glo, grads);
+    } else {
+      lftest::pw_forward(args, loss.view);
+    }
   });
   if (!ok) return 0;
   if (!valid) fail("accepted an invalid argument");
@@ -148,7 +155,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (o.batchmean) denom = shape.empty() ? 1.0 : static_cast<double>(shape[0]);
   const bool mean = reduction == Reduction::mean;
   const double sum_tol = u * (kb + lfref::pw_sum_condition(n)) * mag + 1e-6;
-  if (!backward) {
+  if (!backward || fused) {
     if (none) {
       for (std::int64_t i = 0; i < n; ++i) {
         const double wi = has_w ? wv[i] : 1.0;
@@ -158,7 +165,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       expect_close(loss.get(0), mean ? sum / denom : sum,
                    mean ? sum_tol / std::fabs(denom) + 4 * u * std::fabs(sum / denom) : sum_tol, "reduced loss");
     }
-    return 0;
+    if (!backward) return 0;
   }
   if (mean && denom == 0) return 0;
   for (std::int64_t i = 0; i < n; ++i) {
