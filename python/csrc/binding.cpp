@@ -140,12 +140,19 @@ namespace {
 
 // Brings a gradient computed with an upstream gradient of `applied` to one of `grad_output` (both one element),
 // in place, and records the new scale in `applied`. Costs nothing in the common case grad_output == applied
-// (a training step's loss.backward()). The autograd of cross_entropy and linear_cross_entropy calls it on a
-// gradient made in the forward just before handing it over (once: a retained graph's next backward makes a new one).
+// (a training step's loss.backward()); under CUDA-graph capture it multiplies on the device whatever the values
+// (a pass over the gradient, and no check of `applied`). The autograd of cross_entropy and linear_cross_entropy calls
+// it on a gradient made in the forward just before handing it over (once: a retained graph's next backward makes a new
+// one).
 void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::Tensor& grad_output) {
   TORCH_CHECK(applied.numel() == 1 && grad_output.numel() == 1,
               "lossfuse: rescale_grad_: expected one-element scales, got ", applied.numel(), " and ",
               grad_output.numel());
+  if (capturing(grad_output)) {  // a CUDA graph: nothing can be read back, so the scale is applied on the device
+    grad.mul_(grad_output / applied);
+    applied.copy_(grad_output);
+    return;
+  }
   const double was = applied.item<double>();
   const double want = grad_output.item<double>();
   if (want == was) return;

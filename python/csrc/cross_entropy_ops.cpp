@@ -102,6 +102,16 @@ bool& flag(torch::autograd::AutogradContext* ctx) { return *ctx->saved_data.at("
 //    through a retained graph or a differentiable backward: both raise, as the logits they would need are gone.
 //    Python checks the rest first (reduction, no internal overlap, class-index targets).
 
+// The gradient made for an upstream gradient of 1, scaled in place by grad_loss without reading its value (a device
+// multiply): the ignored rows keep theirs (0, NaN for a NaN row), as torch's do, whatever the upstream gradient.
+at::Tensor scale_keeping_ignored(at::Tensor grad, const at::Tensor& grad_loss, const at::Tensor& target,
+                                 std::int64_t ignore_index) {
+  const at::Tensor ignored =
+      target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
+  grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss));
+  return grad;
+}
+
 // The separate node's backward (grad_loss defined).
 at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const at::Tensor& grad_loss) {
   // unpacked first in every case: raises torch's error if the logits were changed in place after the forward
@@ -121,6 +131,22 @@ at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const 
     return torch::autograd::grad({loss}, {saved[0]}, {grad_loss}, /*retain_graph=*/true,
                                  /*create_graph=*/true)[0];
   }
+  // The forward's gradient, handed over by the first backward. A retained graph's next backward makes a new one, by
+  // the same forward kernel as the first so that it is the same to the bit (backward is reentrant, as gradcheck
+  // checks), and scales it the same way.
+  auto take = [&] {
+    auto held = ctx->saved_data.find("grad");
+    if (held == ctx->saved_data.end() || flag(ctx)) {
+      return std::get<3>(cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5],
+                                       /*compute_grad=*/true));
+    }
+    at::Tensor grad = held->second.toTensor();
+    ctx->saved_data.erase(held);
+    flag(ctx) = true;
+    return grad;
+  };
+  // a CUDA graph: nothing can be read back, so the gradient is scaled on the device (a pass over it)
+  if (capturing(grad_loss)) return scale_keeping_ignored(take(), grad_loss, saved[1], ignore_index);
   const double scale = grad_loss.item<double>();
   if (!std::isfinite(scale)) {
     // NaN or inf: scaling the forward's gradient would turn the ignored rows' zeros into NaN, where torch keeps 0.
@@ -131,18 +157,7 @@ at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const 
     return cross_entropy_backward(acc_grad_output(grad_loss, saved[0]), saved[0], saved[1], lse, weight, red,
                                   ignore_index, a[2], a[3], a[4], a[5]);
   }
-  if (auto held = ctx->saved_data.find("grad"); held != ctx->saved_data.end() && !flag(ctx)) {
-    // the first backward: the forward's gradient, handed over
-    at::Tensor grad = held->second.toTensor();
-    ctx->saved_data.erase(held);
-    flag(ctx) = true;
-    if (scale != 1.0) grad.mul_(scale);
-    return grad;
-  }
-  // A retained graph's next backward: a new gradient, made by the same forward kernel as the first so that it is
-  // the same to the bit (backward is reentrant, as gradcheck checks), scaled the same way.
-  at::Tensor grad = std::get<3>(
-      cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/true));
+  at::Tensor grad = take();
   if (scale != 1.0) grad.mul_(scale);
   return grad;
 }
@@ -169,20 +184,18 @@ at::Tensor eager_backward_in_place(torch::autograd::AutogradContext* ctx, const 
   ctx->saved_data.erase("grad");
   ctx->saved_data.erase("target");
   flag(ctx) = true;
-  const double scale = grad_loss.item<double>();
   // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
   // saved another view of it after the call (still logits there) must not fail its check.
   const at::AutoDispatchBelowADInplaceOrView below_version_bump;
+  // Under CUDA-graph capture nothing can be read back: scaled on the device whatever the value.
+  const double scale = capturing(grad_loss) ? std::nan("") : grad_loss.item<double>();
   if (!std::isfinite(scale)) {
-    // NaN or inf: the ignored rows keep the forward's values (0, NaN for a NaN row), as torch's do. (The logits
-    // are gone, so the gradient is not made again from the lse as in the separate node: an inf upstream gradient
-    // gives NaN where a probability underflowed in the stored gradient, where torch's may be inf.)
-    const at::Tensor ignored =
-        target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
-    grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss).to(grad.scalar_type()));
-  } else if (scale != 1.0) {
-    grad.mul_(scale);
+    // NaN or inf (or unread): the ignored rows keep the forward's values. (The logits are gone, so the gradient is
+    // not made again from the lse as in the separate node: an inf upstream gradient gives NaN where a probability
+    // underflowed in the stored gradient, where torch's may be inf.)
+    return scale_keeping_ignored(grad, grad_loss, target, ignore_index);
   }
+  if (scale != 1.0) grad.mul_(scale);
   return grad;
 }
 

@@ -10,6 +10,7 @@
 
 #if defined(LOSSFUSE_TORCH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -51,12 +52,17 @@ struct DeviceCall::State {
 };
 
 bool has_cuda() noexcept { return true; }
+bool capturing(const at::Tensor& t) {
+  return t.is_cuda() && c10::cuda::captureStatusMayInitCtx(c10::cuda::getCurrentCUDAStream(t.device().index())) !=
+                            c10::cuda::CaptureStatus::None;
+}
 DeviceCall::DeviceCall(const at::Tensor& t) {
   if (t.is_cuda()) state_ = std::make_unique<State>(t);
 }
 #else
 struct DeviceCall::State {};
 bool has_cuda() noexcept { return false; }
+bool capturing(const at::Tensor&) { return false; }
 DeviceCall::DeviceCall(const at::Tensor&) {}
 #endif
 DeviceCall::~DeviceCall() = default;

@@ -12,6 +12,10 @@ namespace lossfuse::torch_binding {
 // Whether this build serves CUDA tensors (for the families with CUDA kernels).
 bool has_cuda() noexcept;
 
+// Whether t is a CUDA tensor whose device's current torch stream is being captured into a CUDA graph: then nothing
+// may read a value back (false without the CUDA route).
+bool capturing(const at::Tensor& t);
+
 // For the scope of one lossfuse call on `t`'s device: on CUDA, that device is current and lossfuse's stream is
 // torch's current stream there; on the CPU, nothing.
 class DeviceCall {

@@ -333,11 +333,12 @@ void bce_kernel(F&& f) {
 
 // torch (2.15) also requires every target element in [0, 1] (nan is out) in the forward, after the input's check;
 // lossfuse's bce kernels leave the target's range to the caller. One vectorized min/max pass (nan propagates into
-// both); only on failure is the first bad element looked for, to name its position and value.
+// both) and one value read back (on CUDA, a synchronisation); only on failure is the first bad element looked for, to
+// name its position and value. Under CUDA-graph capture nothing can be read back, and the range goes unchecked.
 void check_bce_target(const at::Tensor& target) {
-  if (target.numel() == 0) return;
+  if (target.numel() == 0 || capturing(target)) return;
   const auto [lo, hi] = at::aminmax(target);
-  if (lo.item<double>() >= 0.0 && hi.item<double>() <= 1.0) return;
+  if (((lo >= 0.0) & (hi <= 1.0)).item<bool>()) return;
   const at::Tensor bad = (target.lt(0) | target.gt(1) | target.isnan()).flatten().nonzero();
   const std::int64_t first = bad[0].item<std::int64_t>();
   std::string position = "[";

@@ -253,27 +253,28 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   p.tile = 16384;
   p.tiles_per_row = p.inner > 0 ? (p.inner + p.tile - 1) / p.tile : 0;
   const std::int64_t tiles = p.rows * p.tiles_per_row;
-  if (!check_in_kernel && c.scan != Scan::none) {
-    // On a device, a kernel pass that only flags tiles (it writes no output) goes first, so the operand is read back
-    // to the host only when one is flagged; on the CPU the scan itself is that fast pass.
-    bool flagged = true;
-    if (dev != Device::cpu) {
-      PwParams q = p;
-      q.backward = false;
-      for (int v = core::kPwGX; v < core::kPwViews; ++v) q.ptr[v] = nullptr;
-      std::vector<char> bad(static_cast<std::size_t>(tiles), 0);
-      q.tile_bad = bad.data();
-      q.check = kernel_check;
-      be.pointwise(q);
-      flagged = std::find(bad.begin(), bad.end(), char(1)) != bad.end();
-    }
-    if (flagged) scan();
-  }
-
-  // 'mean' denominators: numel, or the sum of the weights (taken by the kernel's own pass when needed).
-  std::vector<double> tile_loss, tile_weight;
   const bool weight_mean = c.reduction == Reduction::mean && c.mean_over == MeanOver::weight_sum && w != nullptr;
   double denominator = c.mean_denominator >= 0 ? c.mean_denominator : static_cast<double>(p.numel);
+  if (dev != Device::cpu) {  // a device call: every step on the device (PwDeviceCall)
+    core::PwDeviceCall call;
+    call.reduction = c.reduction;
+    call.weight_mean = weight_mean;
+    call.denominator = denominator;
+    if (grads != nullptr && c.reduction != Reduction::none && grad_loss) call.grad_scalar = grad_loss->data;
+    if (loss != nullptr) (c.reduction == Reduction::none ? p.loss_rows : call.loss) = loss->data;
+    call.check = c.scan == Scan::none ? core::PwCheck::none : kernel_check;
+    p.device_call = &call;
+    be.pointwise(p);
+    if (!call.bad) return;
+    scan();                            // throws, naming the first bad element; nothing was written
+    call.check = core::PwCheck::none;  // (the exact scan passed what the kernel flagged: the call, unchecked)
+    call.bad = false;
+    be.pointwise(p);
+    return;
+  }
+  if (!check_in_kernel && c.scan != Scan::none) scan();  // on the CPU the scan itself is the fast pass
+  // 'mean' denominators: numel, or the sum of the weights (taken by the kernel's own pass when needed).
+  std::vector<double> tile_loss, tile_weight;
   if (weight_mean) {
     tile_weight.assign(static_cast<std::size_t>(tiles), 0.0);
     p.tile_weight = tile_weight.data();

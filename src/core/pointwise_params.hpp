@@ -28,6 +28,22 @@ enum class PwCheck : std::uint8_t { none, x_unit_interval, z_nonnegative };
 // gx, gy, gz; go (upstream gradient, reduction none).
 enum PwView : int { kPwX = 0, kPwY, kPwZ, kPwW, kPwGX, kPwGY, kPwGZ, kPwGO, kPwViews };
 
+// A device backend's whole call (PwParams::device_call, set by core for operands off the CPU): the backend reads the
+// upstream scalar, sums the weights and the loss and makes the value check on its device, so the call reads nothing
+// back but the check's flag (bce, gaussian_nll; none under stream capture) and never synchronises otherwise. PwParams'
+// host-side fields (grad_scale, tile_loss, tile_weight, check, tile_bad) are unused then.
+struct PwDeviceCall {
+  Reduction reduction = Reduction::none;
+  bool weight_mean = false;           // 'mean' over the sum of the weights, else over `denominator`
+  double denominator = 1;             // 'mean' divisor (numel, or kl_div's batchmean) when !weight_mean
+  const void* grad_scalar = nullptr;  // reduced backward: the upstream scalar (Acc) on the device; nullptr: 1
+  void* loss = nullptr;               // reduced forward or fused: the one-element output (Acc); nullptr: none
+  PwCheck check = PwCheck::none;      // the value check, made before any output is written
+  // Out: an element failed the check (read back, so an eager call synchronises once); the call then wrote nothing.
+  // Under stream capture nothing is read back: `bad` stays false and the call's outputs are NaN instead.
+  bool bad = false;
+};
+
 struct PwParams {
   LossKind kind = LossKind::mse;  // one of the eleven elementwise kinds (include/lossfuse/pointwise.hpp)
   bool backward = false;
@@ -46,10 +62,11 @@ struct PwParams {
   double* tile_weight = nullptr;             // weighted mean over sum(w): per tile sum of w
   // Reduced forward: core's value check made in the same pass instead of a pass of its own. A tile holding an
   // element outside the valid range gets tile_bad[t] = 1; core then finds and reports the first one (the reduced
-  // loss is written after the kernel, so nothing has been written). Device backends also take a check-only pass
-  // (a forward with no loss_rows nor tile_loss), which flags tiles and writes nothing else.
+  // loss is written after the kernel, so nothing has been written). Host steps only (device calls: PwDeviceCall).
   PwCheck check = PwCheck::none;
   char* tile_bad = nullptr;
+
+  PwDeviceCall* device_call = nullptr;  // device backends: set by core (see PwDeviceCall); nullptr: host steps
 };
 
 // Every view's element offset of (row, element i0 of the row): rows are the dims before the last, in row-major

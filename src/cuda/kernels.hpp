@@ -1,9 +1,8 @@
 // The CUDA backend's kernel entries (src/cuda/backend.cu puts them in its table). Each takes the params core
-// filled: operands and row outputs in device memory; class weights (p.weight), the mean / sum block partials
-// (p.block_loss, p.block_zloss) and the elementwise losses' tile arrays (tile_loss, tile_weight, tile_bad) in host
-// memory, as for the CPU (but for cross-entropy's and NLL's device calls, core::CeDeviceCall: every step on the
-// device). They return once the device has finished (a device call under stream capture: once its work is queued)
-// and throw Error(device_error) when a CUDA call fails.
+// filled: operands and row outputs in device memory; class weights (p.weight) and the mean / sum block partials
+// (p.block_loss, p.block_zloss) in host memory, as for the CPU (but for the device calls, core::CeDeviceCall and
+// core::PwDeviceCall: every step on the device). They return once the device has finished (a device call: once its
+// work is queued, and its one read-back done where it has one) and throw Error(device_error) when a CUDA call fails.
 #pragma once
 
 #include "core/cross_entropy_params.hpp"

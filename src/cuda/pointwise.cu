@@ -1,11 +1,14 @@
 // The eleven elementwise losses on CUDA: one kernel over core's PwParams (src/core/pointwise_params.hpp), the
 // formulas of src/math/pointwise_losses.inc evaluated per element by math::ScalarOps (the same code the CPU's scalar
 // tails run). One thread block per tile (at most PwParams::tile elements of one row, the CPU's tiles), threads striding
-// over the tile; any strides, stride-0 broadcast operands, 16-bit storage through math::Io. Reductions: each thread
-// sums its elements in double, the block combines the threads in a fixed tree, and the tile's sum (and weight sum,
-// and value-check flag) goes to the host arrays core passes, as on the CPU: the same bits on every run. A backward
-// given a loss output too (the fused entries) writes the forward's loss in the same pass.
+// over the tile; any strides, stride-0 broadcast operands, 16-bit storage through math::Io. Every call is a device
+// call (core::PwDeviceCall): the upstream scalar, the weights' sum, the loss and the value check stay on the device.
+// Reductions: each thread sums its elements in double, the block combines the threads in a fixed tree into the tile's
+// sum, and one block sums the tiles in a fixed order: the same bits on every run, no floating-point atomics. A
+// backward given a loss output too (the fused entries) writes the forward's loss in the same pass. Only a call with a
+// value check (bce, gaussian_nll) reads anything back (its 4-byte flag), and none under stream capture.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -24,10 +27,33 @@ using std::int64_t;
 
 constexpr int kThreads = 256;
 
+// A call's record on the device, zeroed before its first kernel.
+struct PwRecord {
+  unsigned bad;       // some element failed the value check (an integer OR: the same on every run)
+  double weight_sum;  // a reduced backward's weighted 'mean': the weights' sum (pw_scale_kernel)
+  double grad_scale;  // a reduced backward: the upstream scalar, over the 'mean' denominator (pw_scale_kernel)
+};
+
+// What one pass of pointwise_kernel does beyond PwParams.
+struct PwPass {
+  double* tile_loss;    // per tile: the sum of (w) l, nullptr: not wanted
+  double* tile_weight;  // per tile: the sum of w, nullptr: not wanted
+  PwRecord* rec;
+  bool check;           // this pass makes the value check (PwParams::check), flagging rec->bad
+  bool gated;           // a check pass ran first: a flagged call writes nothing, or NaN when `poison`
+  bool poison;          // under stream capture (nothing is read back to raise the error)
+  bool scaled;          // a reduced backward: the gradient's scale is rec->grad_scale, else 1
+};
+
 template <class Loss, class T>
 __global__ void __launch_bounds__(kThreads)
-    pointwise_kernel(const PwParams p, double* tile_loss, double* tile_weight, char* tile_bad) {
+    pointwise_kernel(const PwParams p, const PwPass a) {
   using Acc = math::AccOf<T>;
+  bool poisoned = false;
+  if (a.gated && a.rec->bad != 0) {
+    if (!a.poison) return;
+    poisoned = true;
+  }
   using Io = math::Io<T>;
   const math::ScalarOps<Acc> o{};
   const math::PwConsts<Acc> k{static_cast<Acc>(p.a), static_cast<Acc>(p.b)};
@@ -41,10 +67,11 @@ __global__ void __launch_bounds__(kThreads)
   T* GZ = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGZ]));
   const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
-  const Acc gscale = static_cast<Acc>(p.grad_scale);
-  const bool want_loss = loss_rows != nullptr || tile_loss != nullptr;  // (with p.backward: the fused entries)
-  const bool checking = tile_bad != nullptr && p.check != core::PwCheck::none;
-  const bool sums = tile_loss != nullptr || tile_weight != nullptr || tile_bad != nullptr;
+  const Acc gscale = a.scaled ? static_cast<Acc>(a.rec->grad_scale) : Acc(1);
+  const Acc nan = static_cast<Acc>(NAN);
+  const bool want_loss = loss_rows != nullptr || a.tile_loss != nullptr;  // (with p.backward: the fused entries)
+  const bool checking = a.check && p.check != core::PwCheck::none;
+  const bool sums = a.tile_loss != nullptr || a.tile_weight != nullptr || checking;
   const int64_t tiles = p.rows * p.tiles_per_row;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t row = t / p.tiles_per_row;
@@ -71,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
         if (GO != nullptr) g *= GO[at(core::kPwGO, i)];
         Acc dx = 0, dy = 0, dz = 0;
         Loss::grad(o, k, x, y, z, g, dx, dy, dz);
+        if (poisoned) dx = dy = dz = nan;
         if (GX != nullptr) Io::store(GX, at(core::kPwGX, i), dx);
         if (GY != nullptr) Io::store(GY, at(core::kPwGY, i), dy);
         if (GZ != nullptr) Io::store(GZ, at(core::kPwGZ, i), dz);
@@ -78,6 +106,7 @@ __global__ void __launch_bounds__(kThreads)
       if (!want_loss) continue;  // the check-only pass, a backward
       Acc l = Loss::value(o, k, x, y, z);
       if (W != nullptr) l *= w;
+      if (poisoned) l = nan;
       if (loss_rows != nullptr) {
         loss_rows[row * p.inner + i] = l;  // contiguous ('none')
       } else {
@@ -88,52 +117,118 @@ __global__ void __launch_bounds__(kThreads)
     const double sl = block_reduce<kThreads>(tl, Plus{}), sw = block_reduce<kThreads>(tw, Plus{});
     const int any_bad = __syncthreads_or(bad ? 1 : 0);
     if (threadIdx.x == 0) {
-      if (tile_loss != nullptr) tile_loss[t] = sl;
-      if (tile_weight != nullptr) tile_weight[t] = sw;
-      if (tile_bad != nullptr) tile_bad[t] = any_bad != 0 ? 1 : 0;
+      if (a.tile_loss != nullptr) a.tile_loss[t] = sl;
+      if (a.tile_weight != nullptr) a.tile_weight[t] = sw;
+      if (any_bad != 0) atomicOr(&a.rec->bad, 1u);
     }
   }
 }
 
-// A device array of n tile values copied into the host array `host` (nullptr: not wanted) after the kernel.
-template <class V>
-struct TileArray {
-  V* host;
-  Scratch<V> dev;
-  TileArray(V* h, int64_t n) : host(h), dev(h != nullptr ? static_cast<std::size_t>(n) : 0) {}
-  void copy_back(int64_t n) const {
-    if (host == nullptr) return;
-    check(cudaMemcpyAsync(host, dev.get(), static_cast<std::size_t>(n) * sizeof(V), cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (tile sums)");
+// The sum of v[0, n) in a fixed order (each thread its strided share in order, then the block's tree), one block of
+// kThreads; every thread gets it.
+__device__ double ordered_sum(const double* v, int64_t n) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += v[i];
+  return block_reduce<kThreads>(s, Plus{});
+}
+
+// A reduced backward's gradient scale into the record: the upstream scalar (nullptr: 1), over the 'mean' denominator:
+// `denominator`, or the weights' sum from tile_weight (then also kept in rec->weight_sum for the fused loss).
+template <class Acc>
+__global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_weight, int64_t tiles, PwRecord* rec,
+                                                            const Acc* grad_scalar, bool mean, double denominator) {
+  const double ws = tile_weight != nullptr ? ordered_sum(tile_weight, tiles) : 0.0;
+  if (threadIdx.x != 0) return;
+  if (tile_weight != nullptr) rec->weight_sum = denominator = ws;
+  const double g = grad_scalar != nullptr ? static_cast<double>(*grad_scalar) : 1.0;
+  rec->grad_scale = mean ? g / denominator : g;
+}
+
+// The one-element loss: the tiles' sums in a fixed order, over the 'mean' denominator (`denominator`; with
+// weight_mean the weights' sum, from tile_weight, else from the record). A flagged call writes nothing, or NaN under
+// capture (`poison`). 'mean' of nothing is 0 / 0 = NaN, as on the CPU.
+template <class Acc>
+__global__ void __launch_bounds__(kThreads)
+    pw_reduce_kernel(const double* tile_loss, const double* tile_weight, int64_t tiles, const PwRecord* rec,
+                     bool mean, bool weight_mean, double denominator, bool poison, Acc* loss) {
+  const double l = ordered_sum(tile_loss, tiles);
+  const double ws = tile_weight != nullptr ? ordered_sum(tile_weight, tiles) : 0.0;
+  if (threadIdx.x != 0) return;
+  if (rec->bad != 0) {
+    if (poison) *loss = static_cast<Acc>(NAN);
+    return;
   }
-};
+  if (weight_mean) denominator = tile_weight != nullptr ? ws : rec->weight_sum;
+  *loss = static_cast<Acc>(mean ? l / denominator : l);
+}
 
 }  // namespace
 
 void pointwise_run(const PwParams& p) {
+  core::PwDeviceCall& call = *p.device_call;  // core makes every call on a device a device call
   const int64_t tiles = p.rows * p.tiles_per_row;
-  if (tiles == 0) return;
+  if (tiles == 0 && call.loss == nullptr) return;
   const char* names[core::kPwViews] = {"input",      "target",      "third operand", "weight",
                                        "grad_input", "grad_target", "grad_third",    "grad_loss"};
   std::vector<Operand> operands{{p.ptr[core::kPwX], names[core::kPwX]}};
   for (int v = 1; v < core::kPwViews; ++v) operands.emplace_back(p.ptr[v], names[v]);
-  operands.emplace_back(p.loss_rows, "loss");
+  operands.insert(operands.end(), {{p.loss_rows, "loss"}, {call.loss, "loss"}, {call.grad_scalar, "grad_loss"}});
   const DeviceScope scope(operands);
-  const TileArray<double> loss(p.tile_loss, tiles), weight(p.tile_weight, tiles);
-  const TileArray<char> bad(p.tile_bad, tiles);
+  const bool capturing = stream_capturing();
+  const bool checking = call.check != core::PwCheck::none;
+  const bool reduced = call.reduction != Reduction::none, mean = call.reduction == Reduction::mean;
+  // A reduced forward checks in its own pass (it writes only the loss, after it); the rest after a check pass.
+  const bool check_in_pass = checking && reduced && !p.backward;
+  const bool weights = call.weight_mean && p.ptr[core::kPwW] != nullptr;
+  const Scratch<PwRecord> rec(1);
+  const Scratch<double> tile_loss(call.loss != nullptr ? static_cast<std::size_t>(tiles) : 0);
+  const Scratch<double> tile_weight(weights ? static_cast<std::size_t>(tiles) : 0);
+  check(cudaMemsetAsync(rec.get(), 0, sizeof(PwRecord), stream()), "cudaMemsetAsync (pointwise record)");
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 30));
+  // A forward-direction pass over the operands alone (no output written): the check's, or the weights' sum.
+  PwParams reads = p;
+  reads.backward = false;
+  reads.loss_rows = nullptr;
+  for (int v = core::kPwGX; v < core::kPwViews; ++v) reads.ptr[v] = nullptr;
+  reads.check = call.check;
   math::visit_pointwise_loss(p.kind, core::pw_option1(p), core::pw_option2(p), [&](auto tag) {
     using Loss = decltype(tag);
     math::visit_float_dtype(p.dtype, [&](auto storage) {
       using T = decltype(storage);
-      pointwise_kernel<Loss, T><<<grid, kThreads, 0, stream()>>>(p, loss.dev.get(), weight.dev.get(), bad.dev.get());
+      using Acc = math::AccOf<T>;
+      auto launch = [&](const PwParams& q, const PwPass& a) {
+        if (tiles == 0) return;
+        pointwise_kernel<Loss, T><<<grid, kThreads, 0, stream()>>>(q, a);
+        check(cudaGetLastError(), "pointwise_kernel");
+      };
+      if (checking && !check_in_pass) launch(reads, {nullptr, nullptr, rec.get(), true, false, capturing, false});
+      const bool scaled = p.backward && reduced;
+      if (scaled) {
+        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, capturing, false});
+        pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(weights ? tile_weight.get() : nullptr, tiles, rec.get(),
+                                                           static_cast<const Acc*>(call.grad_scalar), mean,
+                                                           call.denominator);
+        check(cudaGetLastError(), "pw_scale_kernel");
+      }
+      PwParams q = p;
+      q.check = check_in_pass ? call.check : core::PwCheck::none;
+      double* forward_weights = weights && !p.backward ? tile_weight.get() : nullptr;
+      launch(q, {tile_loss.get(), forward_weights, rec.get(), check_in_pass, checking && !check_in_pass, capturing,
+                 scaled});
+      if (call.loss != nullptr) {
+        pw_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(tile_loss.get(), forward_weights, tiles, rec.get(), mean,
+                                                            weights, call.denominator, capturing,
+                                                            static_cast<Acc*>(call.loss));
+        check(cudaGetLastError(), "pw_reduce_kernel");
+      }
     });
   });
-  check(cudaGetLastError(), "pointwise_kernel");
-  loss.copy_back(tiles);
-  weight.copy_back(tiles);
-  bad.copy_back(tiles);
+  if (!checking || capturing) return;
+  unsigned bad = 0;
+  check(cudaMemcpyAsync(&bad, &rec.get()->bad, sizeof bad, cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync (pointwise record)");
   check(cudaStreamSynchronize(stream()), "pointwise kernels");
+  call.bad = bad != 0;
 }
 
 }  // namespace lossfuse::cuda

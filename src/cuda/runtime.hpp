@@ -1,8 +1,9 @@
 // The CUDA backend's runtime helpers: error checks that become lossfuse::Error, the calling thread's stream, and
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
 // (include/lossfuse/device.hpp; default: the legacy default stream); the entries synchronise that stream before they
-// return (core reads the block partials on the host), but for cross-entropy's and NLL's device calls
-// (core::CeDeviceCall), which read back one value and, under stream capture, none.
+// return (core reads the block partials on the host), but for the device calls of cross-entropy, NLL
+// (core::CeDeviceCall) and the elementwise losses (core::PwDeviceCall), which read back at most one value and, under
+// stream capture, none.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -21,41 +21,6 @@ namespace {
 
 std::string param_name(const auto& i) { return i.param.name; }
 
-bool cuda_ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
-  return false;
-}
-
-// Runs `call` captured into a CUDA graph on a stream of its own (torch's capture mode: global, so any host
-// synchronisation in the call fails the capture), then replays the graph twice. Stops at the first failure; the
-// capture always ends.
-template <class F>
-void run_captured(F&& call) {
-  cudaStream_t stream = nullptr;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")) return;
-  bool ok = false;
-  {
-    const lossfuse::CudaStreamScope scope(stream);
-    if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture")) {
-      try {
-        call();
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "under capture: " << e.what();
-      }
-      ok = cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-    }
-  }
-  ok = ok && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int i = 0; ok && i < 2; ++i) ok = cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-  if (ok) (void)cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
-  if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  (void)cudaStreamDestroy(stream);
-}
-
 }  // namespace
 
 namespace ce {

@@ -1,15 +1,17 @@
-// lossfuse's CUDA tests: device memory for tests/device_mirror.hpp's Mirror, and the main that skips (exit 77, which
-// ctest reports as skipped, never passed) on a machine without a CUDA device.
+// lossfuse's CUDA tests: device memory for tests/device_mirror.hpp's Mirror, a CUDA-graph capture of a call, and the
+// main that skips (exit 77, which ctest reports as skipped, never passed) on a machine without a CUDA device.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
 #include "device_mirror.hpp"
+#include "lossfuse/device.hpp"
 
 namespace lftest {
 
@@ -32,6 +34,42 @@ inline const DeviceMemory kCuda{
       cuda_ok(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     },
 };
+
+// A test failure naming `what` unless e is cudaSuccess.
+inline bool graph_ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
+  return false;
+}
+
+// Runs `call` captured into a CUDA graph on a stream of its own (torch's capture mode: global, so any host
+// synchronisation in the call fails the capture), then replays the graph twice. Stops at the first failure; the
+// capture always ends.
+template <class F>
+void run_captured(F&& call) {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (!graph_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")) return;
+  bool ok = false;
+  {
+    const lossfuse::CudaStreamScope scope(stream);
+    if (graph_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture")) {
+      try {
+        call();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "under capture: " << e.what();
+      }
+      ok = graph_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    }
+  }
+  ok = ok && graph_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; ok && i < 2; ++i) ok = graph_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  if (ok) (void)graph_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  (void)cudaStreamDestroy(stream);
+}
 
 inline int run_cuda_tests(int argc, char** argv) {
   int n = 0;
