@@ -79,7 +79,7 @@ inline void pw_backward(const PwArgs& a, const std::optional<lossfuse::TensorVie
     if constexpr (std::is_same_v<O, lf::GaussianNllOptions>) lf::gaussian_nll_backward(x, y, a.z.value(), up, opt, g);
     if constexpr (std::is_same_v<O, lf::HingeEmbeddingOptions>) lf::hinge_embedding_backward(x, y, up, opt, g);
     if constexpr (std::is_same_v<O, lf::MarginRankingOptions>) {
-      lf::margin_ranking_backward(x, y, a.z.value(), up, opt, lf::MarginRankingGrads{g.input, g.target, g.var});
+      lf::margin_ranking_backward(x, y, a.z.value(), up, opt, lf::MarginRankingGrads{g.input, g.target, g.var, g.held});
     }
   });
 }
@@ -105,7 +105,7 @@ inline void pw_forward_backward(const PwArgs& a, const lossfuse::TensorView& los
       lf::hinge_embedding_forward_backward(x, y, opt, loss, g);
     if constexpr (std::is_same_v<O, lf::MarginRankingOptions>) {
       lf::margin_ranking_forward_backward(x, y, a.z.value(), opt, loss,
-                                          lf::MarginRankingGrads{g.input, g.target, g.var});
+                                          lf::MarginRankingGrads{g.input, g.target, g.var, g.held});
     }
   });
 }

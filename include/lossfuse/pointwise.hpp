@@ -15,6 +15,11 @@
 // Loss and gradients come from the same formulas as the two entries' and keep their error bounds (every spec table of
 // tests/cpu/pointwise_harness.hpp checks all three entries), not always their bits: the compiler may fuse a formula's
 // multiplies and adds differently in the one loop.
+// A backward given grads with `held` set: the views already hold what <loss>_forward_backward wrote for these operands
+// and options (the gradients for an upstream gradient of 1), and are written only where grad_loss is not exactly 1,
+// a test made where grad_loss lives (on a device by the kernels, so nothing is read back): a training step's
+// backward with no host synchronisation. Reductions mean and sum (with 'none' they are written as usual); a
+// <loss>_forward_backward call refuses it (invalid_value). tests/cpu/pointwise_edges_test checks it.
 #pragma once
 
 #include <optional>
@@ -50,6 +55,7 @@ struct PointwiseGrads {
   std::optional<TensorView> input;
   std::optional<TensorView> target;  // rejected (invalid_value) where torch gives none: hinge_embedding
   std::optional<TensorView> var;     // gaussian_nll only (rejected by the others)
+  bool held = false;                 // the views hold the gradients for an upstream gradient of 1 (above)
 };
 
 // -w [y max(log x, -100) + (1 - y) max(log(1 - x), -100)]; every input element in [0, 1], else Error
@@ -109,6 +115,7 @@ struct MarginRankingGrads {
   std::optional<TensorView> input1;
   std::optional<TensorView> input2;
   std::optional<TensorView> target;
+  bool held = false;  // as PointwiseGrads::held
 };
 
 void mse_forward(const TensorView& input, const TensorView& target, const MseOptions& options, const TensorView& loss);

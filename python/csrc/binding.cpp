@@ -149,7 +149,7 @@ void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::
               "lossfuse: rescale_grad_: expected one-element scales, got ", applied.numel(), " and ",
               grad_output.numel());
   if (capturing(grad_output)) {  // a CUDA graph: nothing can be read back, so the scale is applied on the device
-    grad.mul_(grad_output / applied);
+    grad.mul_((grad_output / applied).reshape({1}));  // dimensioned: promotes, so one rounding
     applied.copy_(grad_output);
     return;
   }

@@ -20,14 +20,44 @@ namespace {
 
 // ---- helpers for any elementwise loss ------------------------------------------------------------------
 
+// The held backward ops, _<loss>_backward_held(<the backward op's arguments>, Tensor(a!)[] held) -> (): the backward
+// op's function run over the fused op's gradients `held` (one per gradient the backward op gives; an empty (0,)
+// tensor where the mask is off) with PointwiseGrads::held set, so they are rewritten only where the upstream gradient
+// is not 1, a test the kernels make on the device (the eager training step's backward, _register.py: nothing read
+// back). HeldScope hands `held` to run_backward for the one call; never traced (no fake).
+thread_local const at::TensorList* t_held = nullptr;
+class HeldScope {
+ public:
+  explicit HeldScope(const at::TensorList& held) { t_held = &held; }
+  HeldScope(const HeldScope&) = delete;
+  HeldScope& operator=(const HeldScope&) = delete;
+  ~HeldScope() { t_held = nullptr; }
+};
+bool held_now() noexcept { return t_held != nullptr; }
+
+template <auto Backward>
+struct Held;
+template <class R, class... Args, R (*Backward)(Args...)>
+struct Held<Backward> {
+  static void call(Args... args, at::TensorList held) {
+    const HeldScope scope(held);
+    (void)Backward(args...);
+  }
+};
+
 // Runs `kernel(grads)` with new gradient tensors for the operands the mask asks for (each of its operand's shape
-// and dtype, contiguous) and empty (0,) tensors for the others.
+// and dtype, contiguous) and empty (0,) tensors for the others; in a held op, with the held tensors instead.
 template <std::size_t N, class Kernel>
 std::array<at::Tensor, N> run_backward(const std::array<const at::Tensor*, N>& operands,
                                        const std::array<const char*, N>& names, std::array<bool, N> mask,
                                        Kernel&& kernel) {
   std::array<at::Tensor, N> grads;
-  for (std::size_t i = 0; i < N; ++i) grads[i] = new_grad(*operands[i], mask[i]);
+  if (t_held != nullptr) {
+    TORCH_CHECK(t_held->size() == N, "lossfuse: held gradients: expected ", N, ", got ", t_held->size());
+    for (std::size_t i = 0; i < N; ++i) grads[i] = mask[i] ? (*t_held)[i] : new_grad(*operands[i], false);
+  } else {
+    for (std::size_t i = 0; i < N; ++i) grads[i] = new_grad(*operands[i], mask[i]);
+  }
   guarded_on(*operands[0], [&] {
     std::array<std::optional<TensorView>, N> views;
     for (std::size_t i = 0; i < N; ++i) views[i] = grad_view(grads[i], mask[i], names[i]);
@@ -45,6 +75,7 @@ std::tuple<at::Tensor, at::Tensor> run_backward2(const at::Tensor& input, const 
                              PointwiseGrads grads;
                              grads.input = v[0];
                              grads.target = v[1];
+                             grads.held = held_now();
                              kernel(grads);
                            });
   return {g[0], g[1]};
@@ -299,7 +330,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> margin_ranking_loss_backward(
                       [&](const std::array<std::optional<TensorView>, 3>& v) {
                         margin_ranking_backward(view(input1, "input1"), view(input2, "input2"), view(target, "target"),
                                                 view(go, "grad_output"), ranking_options(margin, red),
-                                                MarginRankingGrads{v[0], v[1], v[2]});
+                                                MarginRankingGrads{v[0], v[1], v[2], held_now()});
                       });
   return {g[0], g[1], g[2]};
 }
@@ -499,7 +530,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gaussian_nll_loss_backward(
                            [&](const std::array<std::optional<TensorView>, 3>& v) {
                              gaussian_nll_backward(view(input, "input"), view(target, "target"), view(var, "var"),
                                                    view(go, "grad_output"), gaussian_options(full, eps, red),
-                                                   PointwiseGrads{v[0], v[1], v[2]});
+                                                   PointwiseGrads{v[0], v[1], v[2], held_now()});
                            });
   return {g[0], g[1], g[2]};
 }
@@ -599,6 +630,40 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "_gaussian_nll_loss_fused(Tensor input, Tensor target, Tensor var, bool full, float eps, int reduction, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Internal: the eager training step's backward over the fused op's gradients (Held above).
+  m.def(
+      "_mse_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
+      "bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_l1_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
+      "bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_smooth_l1_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, int reduction, "
+      "float beta, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_huber_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, "
+      "int reduction, float delta, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_kl_div_backward_held(Tensor grad_output, Tensor input, Tensor target, int reduction, bool batchmean, "
+      "bool log_target, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_hinge_embedding_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, float margin, "
+      "int reduction, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_margin_ranking_loss_backward_held(Tensor grad_output, Tensor input1, Tensor input2, Tensor target, "
+      "float margin, int reduction, bool[3] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_binary_cross_entropy_backward_held(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, "
+      "int reduction, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_binary_cross_entropy_with_logits_backward_held(Tensor grad_output, Tensor input, Tensor target, "
+      "Tensor? weight, Tensor? pos_weight, int reduction, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_poisson_nll_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, bool log_input, "
+      "bool full, float eps, int reduction, bool[2] output_mask, Tensor(a!)[] held) -> ()");
+  m.def(
+      "_gaussian_nll_loss_backward_held(Tensor grad_output, Tensor input, Tensor target, Tensor var, "
+      "bool full, float eps, int reduction, bool[3] output_mask, Tensor(a!)[] held) -> ()");
 }
 
 namespace lossfuse::torch_binding {
@@ -638,6 +703,17 @@ void register_kernels(torch::Library& m) {
   m.impl("_binary_cross_entropy_with_logits_fused", &binary_cross_entropy_with_logits_fused);
   m.impl("_poisson_nll_loss_fused", &poisson_nll_loss_fused);
   m.impl("_gaussian_nll_loss_fused", &gaussian_nll_loss_fused);
+  m.impl("_mse_loss_backward_held", &Held<&mse_loss_backward>::call);
+  m.impl("_l1_loss_backward_held", &Held<&l1_loss_backward>::call);
+  m.impl("_smooth_l1_loss_backward_held", &Held<&smooth_l1_loss_backward>::call);
+  m.impl("_huber_loss_backward_held", &Held<&huber_loss_backward>::call);
+  m.impl("_kl_div_backward_held", &Held<&kl_div_backward>::call);
+  m.impl("_hinge_embedding_loss_backward_held", &Held<&hinge_embedding_loss_backward>::call);
+  m.impl("_margin_ranking_loss_backward_held", &Held<&margin_ranking_loss_backward>::call);
+  m.impl("_binary_cross_entropy_backward_held", &Held<&binary_cross_entropy_backward>::call);
+  m.impl("_binary_cross_entropy_with_logits_backward_held", &Held<&binary_cross_entropy_with_logits_backward>::call);
+  m.impl("_poisson_nll_loss_backward_held", &Held<&poisson_nll_loss_backward>::call);
+  m.impl("_gaussian_nll_loss_backward_held", &Held<&gaussian_nll_loss_backward>::call);
 }
 }  // namespace
 }  // namespace lossfuse::torch_binding

@@ -1,8 +1,6 @@
 """One registration per op: torch.library.register_autograd plus its eager fast path (ops.<name>), built from one
 setup_context / backward pair and the op's torch composition."""
 
-import math
-
 import torch
 
 from ._args import as_argument_error
@@ -10,7 +8,7 @@ from ._func import (_JVP, _OwnSaved, _in_function_forward, _interpreters, _keep_
                     _primals, _setup_saving_primals, differentiable_grads, graph_needed)
 from ._outputs import in_acc_dtype, new_grad, new_loss
 from ._roads import (_NO_GRAD, _PLAIN, _WANTS_GRAD, _below_autograd, _dual_masks, _eager_state, _fwad, _has_tangent,
-                     eager_scalar, forward_ad_active)
+                     forward_ad_active)
 
 
 class _Ops:
@@ -252,6 +250,7 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
     # the fused op where the loss has one (_<name>_fused: the loss and the masked gradients for an upstream gradient
     # of 1, one pass: the elementwise losses)
     fused_op = getattr(torch.ops.lossfuse, f"_{name}_fused", None)
+    held_op = getattr(torch.ops.lossfuse, f"_{name}_backward_held", None)
     reduction_at = fused_op and [a.name for a in fused_op.default._schema.arguments].index("reduction")
 
     def fused_call(args, mask):
@@ -275,27 +274,20 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
 
     def handed_over(ctx, tensors, grad_output):
         """The fused forward's gradients for this upstream gradient, or None (the backward op then): handed over once,
-        scaled in place where that gives torch's once-rounded value: any finite upstream gradient in float32 / float64,
-        a power of two in bfloat16 (exact but for subnormal results), 1 alone in float16 (whose small gradients are
-        subnormal before a GradScaler's scale; a non-finite one would meet a formula's 0 * inf, not torch's). A retained
-        graph's next backward runs the fused op again, so that it gives the same bits (backward is reentrant, as
-        gradcheck checks). The upstream gradient's value is read (eager only; on CUDA, a synchronisation)."""
+        after the held backward op, which leaves them as they are for an upstream gradient of 1 and else writes the
+        backward op's values over them (once rounded, as torch's), the test made on the upstream gradient's device:
+        nothing is read back. A retained graph's next backward runs the fused op again, so that it gives the same bits
+        (backward is reentrant, as gradcheck checks)."""
         mask = getattr(ctx, "fused_mask", None)
         if mask is None:
             return None
-        scale = eager_scalar(grad_output)
         fused, ctx.fused = ctx.fused, None
-        dtype = tensors[0].dtype  # every operand's and gradient's
-        exact = scale is not None and math.isfinite(scale) and scale != 0 and (
-            dtype in (torch.float32, torch.float64) or (dtype == torch.bfloat16 and abs(math.frexp(scale)[0]) == 0.5))
-        if not (scale == 1 or exact):
-            return None
         if fused is None:
             fused = fused_call((*tensors, *ctx.args), mask)[1]
-        if scale != 1:
-            for g in fused:
-                if g is not None:
-                    g.mul_(scale)
+        empty = grad_output.new_empty(0)
+        with _below_autograd():
+            held_op.default(grad_output, *tensors, *ctx.args, *([mask] if masked else []),
+                            [g if g is not None else empty for g in fused])
         return fused
 
     def setup_context(ctx, inputs, output):

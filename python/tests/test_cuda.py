@@ -228,31 +228,39 @@ def test_graph_capture_forward_matches_eager():
         assert torch.isnan(got[0]) and torch.isnan(got[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_graph_capture_training_steps_match_eager(dtype):
     """Training steps (forward and backward) captured in a CUDA graph: cross_entropy (its eager C++ node, separate and
-    in place, which under capture scale the held gradient on the device instead of reading the upstream gradient)
-    and the elementwise losses (whose backward then runs the backward op); the replay gives the eager gradients."""
+    in place, which under capture scale the held gradient on the device instead of reading the upstream gradient;
+    (N, C, d) logits through the autograd.Function road and rescale_grad_) and the elementwise losses (forward and
+    backward ops then); the replay gives the eager gradients. float16 takes GradScaler's default scale, 65536, which a
+    scale rounded to float16 first would turn into inf."""
+    scale = 65536.0 if dtype == torch.float16 else 2.5
     x = torch.randn(64, 5000, device="cuda", dtype=dtype)
     t = torch.randint(0, 5000, (64,), device="cuda")
     t[3] = -100
+    x3 = torch.randn(8, 500, 16, device="cuda", dtype=dtype)
+    t3 = torch.randint(0, 500, (8, 16), device="cuda")
+    t3[1, 2] = -100
     y = torch.rand(64, 5000, device="cuda", dtype=dtype)
     p = torch.rand(64, 5000, device="cuda", dtype=dtype).clamp(0.05, 0.95)
 
     def grads(loss_of, operand):
         leaf = operand.clone().requires_grad_()
-        (2.5 * loss_of(leaf)).backward()
+        (scale * loss_of(leaf)).backward()
         return leaf.grad
 
     steps = {
         "cross_entropy": lambda: grads(lambda a: LF.cross_entropy(a, t), x),
         "cross_entropy_inplace": lambda: grads(lambda a: LF.cross_entropy(a * 1, t, inplace=True), x),
+        "cross_entropy_3d": lambda: grads(lambda a: LF.cross_entropy(a, t3), x3),
         "mse_loss": lambda: grads(lambda a: LF.mse_loss(a, y), x),
         "binary_cross_entropy": lambda: grads(lambda a: LF.binary_cross_entropy(a, y), p),
         "gaussian_nll_loss": lambda: grads(lambda a: LF.gaussian_nll_loss(a, y, y + 0.5), x),
     }
     for name, step in steps.items():
         want, got, _ = _captured(step)
+        assert torch.isfinite(got).all(), name
         # within an ulp or two: the eager road may scale a gradient rounded for an upstream gradient of 1
         torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=1e-12, msg=name)
 

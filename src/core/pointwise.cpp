@@ -50,6 +50,7 @@ struct PwCall {
 struct GradOut {
   const std::optional<TensorView>* g[3] = {nullptr, nullptr, nullptr};
   const char* name[3] = {"grad_input", "grad_target", "grad_var"};
+  bool held = false;  // PointwiseGrads::held
 };
 
 // Row-major position of flat index i in shape t: "[i0, i1, ...]", and its element offset.
@@ -206,6 +207,13 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     }
   }
   core::check_disjoint(written, read);
+  // Held gradients (PointwiseGrads::held) stand as they are for an upstream gradient of 1: absent, or (on the CPU)
+  // read as 1 here; a device call tests it in its kernels.
+  const bool held = grads != nullptr && grads->held && c.reduction != Reduction::none;
+  if (grads != nullptr && grads->held && loss != nullptr) {
+    throw Error(ErrorCode::invalid_value, "grads.held", "false (a forward_backward call writes its gradients)", "true");
+  }
+  if (held && (!grad_loss || (dev == Device::cpu && core::read_scalar(*grad_loss) == 1.0))) return;
   // Value checks last: they read every element, and no write happens before they pass. A reduced forward writes
   // only after its kernel, so there the kernel checks in the same pass and the scan runs only to report a failure.
   auto scan = [&] {
@@ -261,6 +269,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     call.weight_mean = weight_mean;
     call.denominator = denominator;
     if (grads != nullptr && c.reduction != Reduction::none && grad_loss) call.grad_scalar = grad_loss->data;
+    call.skip_if_one = held;
     if (loss != nullptr) (c.reduction == Reduction::none ? p.loss_rows : call.loss) = loss->data;
     call.check = c.scan == Scan::none ? core::PwCheck::none : kernel_check;
     p.device_call = &call;
@@ -327,6 +336,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
 
 GradOut grads_of(const PointwiseGrads& g) {
   GradOut o;
+  o.held = g.held;
   o.g[0] = &g.input;
   o.g[1] = &g.target;
   o.g[2] = &g.var;
@@ -335,6 +345,7 @@ GradOut grads_of(const PointwiseGrads& g) {
 
 GradOut grads_of(const MarginRankingGrads& g) {
   GradOut o;
+  o.held = g.held;
   o.g[0] = &g.input1;
   o.g[1] = &g.input2;
   o.g[2] = &g.target;

@@ -37,6 +37,7 @@ struct PwDeviceCall {
   bool weight_mean = false;           // 'mean' over the sum of the weights, else over `denominator`
   double denominator = 1;             // 'mean' divisor (numel, or kl_div's batchmean) when !weight_mean
   const void* grad_scalar = nullptr;  // reduced backward: the upstream scalar (Acc) on the device; nullptr: 1
+  bool skip_if_one = false;           // held gradients (PointwiseGrads::held): no pass writes if grad_scalar is 1
   void* loss = nullptr;               // reduced forward or fused: the one-element output (Acc); nullptr: none
   PwCheck check = PwCheck::none;      // the value check, made before any output is written
   // Out: an element failed the check (read back, so an eager call synchronises once); the call then wrote nothing.

@@ -43,12 +43,14 @@ struct PwPass {
   bool gated;           // a check pass ran first: a flagged call writes nothing, or NaN when `poison`
   bool poison;          // under stream capture (nothing is read back to raise the error)
   bool scaled;          // a reduced backward: the gradient's scale is rec->grad_scale, else 1
+  const void* skip_if;  // held gradients: the upstream scalar (Acc); the pass does nothing when it is 1
 };
 
 template <class Loss, class T>
 __global__ void __launch_bounds__(kThreads)
     pointwise_kernel(const PwParams p, const PwPass a) {
   using Acc = math::AccOf<T>;
+  if (a.skip_if != nullptr && *static_cast<const Acc*>(a.skip_if) == Acc(1)) return;
   bool poisoned = false;
   if (a.gated && a.rec->bad != 0) {
     if (!a.poison) return;
@@ -201,10 +203,13 @@ void pointwise_run(const PwParams& p) {
         pointwise_kernel<Loss, T><<<grid, kThreads, 0, stream()>>>(q, a);
         check(cudaGetLastError(), "pointwise_kernel");
       };
-      if (checking && !check_in_pass) launch(reads, {nullptr, nullptr, rec.get(), true, false, capturing, false});
+      const void* skip_if = call.skip_if_one ? call.grad_scalar : nullptr;
+      if (checking && !check_in_pass) {
+        launch(reads, {nullptr, nullptr, rec.get(), true, false, capturing, false, skip_if});
+      }
       const bool scaled = p.backward && reduced;
       if (scaled) {
-        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, capturing, false});
+        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, capturing, false, skip_if});
         pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(weights ? tile_weight.get() : nullptr, tiles, rec.get(),
                                                            static_cast<const Acc*>(call.grad_scalar), mean,
                                                            call.denominator);
@@ -214,7 +219,7 @@ void pointwise_run(const PwParams& p) {
       q.check = check_in_pass ? call.check : core::PwCheck::none;
       double* forward_weights = weights && !p.backward ? tile_weight.get() : nullptr;
       launch(q, {tile_loss.get(), forward_weights, rec.get(), check_in_pass, checking && !check_in_pass, capturing,
-                 scaled});
+                 scaled, skip_if});
       if (call.loss != nullptr) {
         pw_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(tile_loss.get(), forward_weights, tiles, rec.get(), mean,
                                                             weights, call.denominator, capturing,

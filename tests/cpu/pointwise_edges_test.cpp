@@ -1,8 +1,8 @@
 // Each elementwise loss's own edges, beside the generic suites of pointwise_test.cpp: bce's kernel paths (hard and
 // soft labels, its two logs over every bfloat16, its reduced forward), bce_with_logits' subnormal losses, values at
 // the ends of each domain checked against torch 2.15 by hand (probabilities 0 and 1, logits +-100, var = 0, kl_div
-// at y <= 0, poisson_nll's Stirling mask), and the range checks that raise with the element's position (bce's
-// input, gaussian_nll's var) before anything is written.
+// at y <= 0, poisson_nll's Stirling mask), the range checks that raise with the element's position (bce's input,
+// gaussian_nll's var) before anything is written, and held gradients refused by the fused entry.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -321,6 +321,23 @@ TEST(PointwiseEdgeErrors, GaussianNegativeVar) {
   v.set(6, NAN);
   lf::gaussian_nll_forward(x.view, y.view, v.view, {Reduction::none}, loss.view);
   EXPECT_TRUE(std::isnan(loss.get(6)));
+}
+
+// Held gradients (PointwiseGrads::held) belong to a backward: a forward_backward call given them is refused, naming
+// grads.held, and writes nothing. (run_all checks what a held backward writes, in every spec table.)
+TEST(PointwiseEdgeErrors, HeldGradientsRefusedByTheFusedEntry) {
+  namespace lf = lossfuse;
+  Tensor x = Tensor::make(DType::f32, {5}), y = Tensor::make(DType::f32, {5});
+  Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
+  Tensor gx = Tensor::make(DType::f32, {5}, Layout::contiguous, kSentinel);
+  lf::PointwiseGrads held{gx.view, std::nullopt, std::nullopt};
+  held.held = true;
+  std::string msg;
+  EXPECT_TRUE(throws_error([&] { lf::mse_forward_backward(x.view, y.view, {Reduction::mean}, loss.view, held); },
+                           {ErrorCode::invalid_value}, &msg));
+  EXPECT_NE(msg.find("grads.held"), std::string::npos) << msg;
+  for (const Tensor* t : {&loss, &gx})
+    for (auto b : t->storage) EXPECT_EQ(b, kSentinel);
 }
 
 // Hard labels (every target exactly 0 or 1) take a one-log path in the SIMD kernels, soft ones two logs: check

@@ -384,16 +384,19 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
     check("grad_target", g.y, ref.gy, ref.gy_tol);
     check("grad_z", g.z, ref.gz, ref.gz_tol);
   };
+  // The upstream gradient through m (absent: 1).
+  const auto device_up = [&p](Mirror& m) -> std::optional<TensorView> {
+    if (!p.up) return std::nullopt;
+    TensorView up = p.up->view;
+    const TensorView d = m(p.up->store);
+    up.data = d.data, up.device = d.device;
+    return up;
+  };
   Grads g = new_grads();
   {
     Mirror m(mem);
     const PwArgs a = device_args(m, p);
-    std::optional<TensorView> up;
-    if (p.up) {
-      up = p.up->view;
-      const TensorView d = m(p.up->store);
-      up->data = d.data, up->device = d.device;
-    }
+    const std::optional<TensorView> up = device_up(m);
     pw_backward(a, up, PointwiseGrads{m(g.x), m(g.y), m(g.z)});
     m.download();
   }
@@ -409,6 +412,28 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
     }
     check_loss(fused_loss);
     check_grads(fg, p.ref_unit);
+    // The held backward over the fused gradients (PointwiseGrads::held): they stand for an upstream gradient of 1
+    // (absent, or a scalar 1) of a reduced loss; else it writes the backward's bits over them.
+    const bool stand = s.red != Reduction::none && (!p.up || (s.up == Up::scalar && s.up_scalar == 1.0));
+    const auto bits = [](const Grads& gr) {
+      std::vector<std::uint8_t> b;
+      for (const std::optional<Tensor>* t : {&gr.x, &gr.y, &gr.z}) {
+        b.push_back(t->has_value() ? 1 : 0);
+        if (*t) b.insert(b.end(), (*t)->storage.begin(), (*t)->storage.end());
+      }
+      return b;
+    };
+    const std::vector<std::uint8_t> want = bits(stand ? fg : g);
+    {
+      Mirror m(mem);
+      const std::optional<TensorView> up = device_up(m);
+      PointwiseGrads held{m(fg.x), m(fg.y), m(fg.z)};
+      held.held = true;
+      pw_backward(device_args(m, p), up, held);
+      m.download();
+    }
+    EXPECT_TRUE(bits(fg) == want) << "held gradients: expected " << (stand ? "the fused entry's" : "the backward's")
+                                  << " bits";
   }
   EXPECT_TRUE(p.x.store.storage == x0) << "the input was modified";
   EXPECT_TRUE(p.y.store.storage == y0) << "the target was modified";
@@ -450,6 +475,7 @@ inline std::vector<Spec> config_specs() {
           Spec s;
           s.c = c, s.dt = dt, s.red = red, s.shape = shape, s.weight = k % 2 == 0;
           s.up = default_up(red, k);
+          if (s.up == Up::scalar && k % 4 == 0) s.up_scalar = 1.0;  // a held backward's gradients stand (run_all)
           s.seed = 300 + ++k;
           s.name = base_name(s);
           v.push_back(s);
