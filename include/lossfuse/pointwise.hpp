@@ -18,8 +18,9 @@
 // A backward given grads with `held` set: the views already hold what <loss>_forward_backward wrote for these operands
 // and options (the gradients for an upstream gradient of 1), and are written only where grad_loss is not exactly 1,
 // a test made where grad_loss lives (on a device by the kernels, so nothing is read back): a training step's
-// backward with no host synchronisation. Reductions mean and sum (with 'none' they are written as usual); a
-// <loss>_forward_backward call refuses it (invalid_value). tests/cpu/pointwise_edges_test checks it.
+// backward with no host synchronisation. It makes no value check (the fused call that made them did). Reductions mean
+// and sum (with 'none' they are written as usual); a <loss>_forward_backward call refuses it (invalid_value).
+// tests/cpu/pointwise_harness.hpp's run_all and pointwise_edges_test check it.
 #pragma once
 
 #include <optional>

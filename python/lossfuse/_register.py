@@ -8,7 +8,7 @@ from ._func import (_JVP, _OwnSaved, _in_function_forward, _interpreters, _keep_
                     _primals, _setup_saving_primals, differentiable_grads, graph_needed)
 from ._outputs import in_acc_dtype, new_grad, new_loss
 from ._roads import (_NO_GRAD, _PLAIN, _WANTS_GRAD, _below_autograd, _dual_masks, _eager_state, _fwad, _has_tangent,
-                     forward_ad_active)
+                     forward_ad_active, is_eager)
 
 
 class _Ops:
@@ -279,8 +279,8 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
         nothing is read back. A retained graph's next backward runs the fused op again, so that it gives the same bits
         (backward is reentrant, as gradcheck checks)."""
         mask = getattr(ctx, "fused_mask", None)
-        if mask is None:
-            return None
+        if mask is None or not is_eager(grad_output) or torch._C._len_torch_dispatch_stack() > 0:
+            return None  # (a traced backward, compiled autograd's say: the backward op, which has a fake)
         fused, ctx.fused = ctx.fused, None
         if fused is None:
             fused = fused_call((*tensors, *ctx.args), mask)[1]

@@ -208,7 +208,8 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
   }
   core::check_disjoint(written, read);
   // Held gradients (PointwiseGrads::held) stand as they are for an upstream gradient of 1: absent, or (on the CPU)
-  // read as 1 here; a device call tests it in its kernels.
+  // read as 1 here; a device call tests it in its kernels. Their operands passed the value checks in the fused call
+  // that made them, so a held call makes none.
   const bool held = grads != nullptr && grads->held && c.reduction != Reduction::none;
   if (grads != nullptr && grads->held && loss != nullptr) {
     throw Error(ErrorCode::invalid_value, "grads.held", "false (a forward_backward call writes its gradients)", "true");
@@ -271,7 +272,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     if (grads != nullptr && c.reduction != Reduction::none && grad_loss) call.grad_scalar = grad_loss->data;
     call.skip_if_one = held;
     if (loss != nullptr) (c.reduction == Reduction::none ? p.loss_rows : call.loss) = loss->data;
-    call.check = c.scan == Scan::none ? core::PwCheck::none : kernel_check;
+    call.check = c.scan == Scan::none || held ? core::PwCheck::none : kernel_check;
     p.device_call = &call;
     be.pointwise(p);
     if (!call.bad) return;
@@ -281,7 +282,7 @@ void run(const PwCall& c, const TensorView& x, const TensorView& y, const Tensor
     be.pointwise(p);
     return;
   }
-  if (!check_in_kernel && c.scan != Scan::none) scan();  // on the CPU the scan itself is the fast pass
+  if (!check_in_kernel && c.scan != Scan::none && !held) scan();  // on the CPU the scan itself is the fast pass
   // 'mean' denominators: numel, or the sum of the weights (taken by the kernel's own pass when needed).
   std::vector<double> tile_loss, tile_weight;
   if (weight_mean) {

@@ -138,7 +138,9 @@ __device__ double ordered_sum(const double* v, int64_t n) {
 // `denominator`, or the weights' sum from tile_weight (then also kept in rec->weight_sum for the fused loss).
 template <class Acc>
 __global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_weight, int64_t tiles, PwRecord* rec,
-                                                            const Acc* grad_scalar, bool mean, double denominator) {
+                                                            const Acc* grad_scalar, bool mean, double denominator,
+                                                            const Acc* skip_if) {
+  if (skip_if != nullptr && *skip_if == Acc(1)) return;  // (held gradients: the weight pass did not run either)
   const double ws = tile_weight != nullptr ? ordered_sum(tile_weight, tiles) : 0.0;
   if (threadIdx.x != 0) return;
   if (tile_weight != nullptr) rec->weight_sum = denominator = ws;
@@ -212,7 +214,7 @@ void pointwise_run(const PwParams& p) {
         if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, capturing, false, skip_if});
         pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(weights ? tile_weight.get() : nullptr, tiles, rec.get(),
                                                            static_cast<const Acc*>(call.grad_scalar), mean,
-                                                           call.denominator);
+                                                           call.denominator, static_cast<const Acc*>(skip_if));
         check(cudaGetLastError(), "pw_scale_kernel");
       }
       PwParams q = p;
