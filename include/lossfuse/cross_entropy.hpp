@@ -69,4 +69,14 @@ void cross_entropy_forward_backward(const TensorView& logits, const TensorView& 
                                     const std::optional<TensorView>& grad_loss, const TensorView& grad_logits,
                                     GradWrite write = GradWrite::separate);
 
+// A gradient held from forward_backward (made there for an upstream gradient of 1: grad_loss absent) brought to
+// grad_loss (the forward loss's shape), in place: each row is multiplied by its upstream gradient, except the rows
+// whose target is ignore_index, which keep theirs (0, NaN for a NaN row) whatever it is, as torch's. A row whose
+// upstream gradient is exactly 1 is not written. The value is read where it lives (on a device, by the kernel), so
+// the call never synchronises and can be captured in a CUDA graph. grad_logits: the gradient, in its own buffer or
+// over the logits (GradWrite::in_place); of the options only reduction and ignore_index are used. The product is
+// rounded once from the accumulation dtype, as a multiply of the gradient by the value would be.
+void cross_entropy_scale_held(const TensorView& grad_logits, const TensorView& target,
+                              const CrossEntropyOptions& options, const std::optional<TensorView>& grad_loss);
+
 }  // namespace lossfuse

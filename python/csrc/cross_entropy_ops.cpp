@@ -102,13 +102,19 @@ bool& flag(torch::autograd::AutogradContext* ctx) { return *ctx->saved_data.at("
 //    through a retained graph or a differentiable backward: both raise, as the logits they would need are gone.
 //    Python checks the rest first (reduction, no internal overlap, class-index targets).
 
-// The gradient made for an upstream gradient of 1, scaled in place by grad_loss without reading its value (a device
-// multiply): the ignored rows keep theirs (0, NaN for a NaN row), as torch's do, whatever the upstream gradient.
-at::Tensor scale_keeping_ignored(at::Tensor grad, const at::Tensor& grad_loss, const at::Tensor& target,
-                                 std::int64_t ignore_index) {
-  const at::Tensor ignored =
-      target.to(at::kLong).eq(ignore_index).unsqueeze(grad.dim() >= 2 ? 1 : 0);  // compared in int64
-  grad.mul_(at::where(ignored, at::ones({}, grad_loss.options()), grad_loss));
+// The gradient made for an upstream gradient of 1, brought in place to grad_loss by cross_entropy_scale_held: the value
+// is read where it lives (on a GPU by the kernel: no synchronisation, capturable), a value of 1 writes nothing, and
+// the ignored rows keep theirs (0, NaN for a NaN row), as torch's do, whatever the upstream gradient. No version bump:
+// a node that saved another view of the logits' base after an in-place call (logits there) still passes its check.
+at::Tensor scale_held(at::Tensor grad, const at::Tensor& grad_loss, const at::Tensor& target, std::int64_t red,
+                      std::int64_t ignore_index) {
+  const at::Tensor up = acc_grad_output(grad_loss, grad);
+  guarded_on(grad, [&] {
+    CrossEntropyOptions o;
+    o.reduction = reduction(red);
+    o.ignore_index = ignore_index;
+    cross_entropy_scale_held(view(grad, "grad_input"), view(target, "target"), o, view(up, "grad_output"));
+  });
   return grad;
 }
 
@@ -134,32 +140,17 @@ at::Tensor eager_backward_separate(torch::autograd::AutogradContext* ctx, const 
   // The forward's gradient, handed over by the first backward. A retained graph's next backward makes a new one, by
   // the same forward kernel as the first so that it is the same to the bit (backward is reentrant, as gradcheck
   // checks), and scales it the same way.
-  auto take = [&] {
-    auto held = ctx->saved_data.find("grad");
-    if (held == ctx->saved_data.end() || flag(ctx)) {
-      return std::get<3>(cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5],
-                                       /*compute_grad=*/true));
-    }
-    at::Tensor grad = held->second.toTensor();
+  auto held = ctx->saved_data.find("grad");
+  at::Tensor grad;
+  if (held == ctx->saved_data.end() || flag(ctx)) {
+    grad = std::get<3>(cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5],
+                                     /*compute_grad=*/true));
+  } else {
+    grad = held->second.toTensor();
     ctx->saved_data.erase(held);
     flag(ctx) = true;
-    return grad;
-  };
-  // a CUDA graph: nothing can be read back, so the gradient is scaled on the device (a pass over it)
-  if (capturing(grad_loss)) return scale_keeping_ignored(take(), grad_loss, saved[1], ignore_index);
-  const double scale = grad_loss.item<double>();
-  if (!std::isfinite(scale)) {
-    // NaN or inf: scaling the forward's gradient would turn the ignored rows' zeros into NaN, where torch keeps 0.
-    // The gradient is made from the lse instead (the backward kernel never scales those rows); any gradient held
-    // stays for a later backward through a retained graph.
-    const at::Tensor lse = std::get<1>(
-        cross_entropy(saved[0], saved[1], weight, red, ignore_index, a[2], a[3], a[4], a[5], /*compute_grad=*/false));
-    return cross_entropy_backward(acc_grad_output(grad_loss, saved[0]), saved[0], saved[1], lse, weight, red,
-                                  ignore_index, a[2], a[3], a[4], a[5]);
   }
-  at::Tensor grad = take();
-  if (scale != 1.0) grad.mul_(scale);
-  return grad;
+  return scale_held(grad, grad_loss, saved[1], red, ignore_index);
 }
 
 // The in-place node's backward (grad_loss defined).
@@ -184,19 +175,9 @@ at::Tensor eager_backward_in_place(torch::autograd::AutogradContext* ctx, const 
   ctx->saved_data.erase("grad");
   ctx->saved_data.erase("target");
   flag(ctx) = true;
-  // Scaled below autograd's version bump: the counter is shared by every view of the logits' base, and a node that
-  // saved another view of it after the call (still logits there) must not fail its check.
-  const at::AutoDispatchBelowADInplaceOrView below_version_bump;
-  // Under CUDA-graph capture nothing can be read back: scaled on the device whatever the value.
-  const double scale = capturing(grad_loss) ? std::nan("") : grad_loss.item<double>();
-  if (!std::isfinite(scale)) {
-    // NaN or inf (or unread): the ignored rows keep the forward's values. (The logits are gone, so the gradient is
-    // not made again from the lse as in the separate node: an inf upstream gradient gives NaN where a probability
-    // underflowed in the stored gradient, where torch's may be inf.)
-    return scale_keeping_ignored(grad, grad_loss, target, ignore_index);
-  }
-  if (scale != 1.0) grad.mul_(scale);
-  return grad;
+  // (An inf upstream gradient gives NaN where a probability underflowed to 0 in the stored gradient, where torch's
+  // may be inf.)
+  return scale_held(grad, grad_loss, target, ctx->saved_data["red"].toInt(), ignore_index);
 }
 
 template <GradWrite kWrite>
@@ -227,8 +208,9 @@ struct CrossEntropyEagerNode : torch::autograd::Function<CrossEntropyEagerNode<k
       torch::autograd::impl::bump_version(logits);
       grad = logits.detach();  // the logits' storage, now their gradient (same version counter)
       ctx->saved_data["version"] = static_cast<std::int64_t>(logits._version());
-      ctx->saved_data["target"] = target;  // for a non-finite upstream gradient's mask of ignored rows
+      ctx->saved_data["target"] = target;  // for scale_held's ignored rows
       ctx->saved_data["ignore_index"] = ignore_index;
+      ctx->saved_data["red"] = red;
     } else {
       std::tie(loss, lse, z_loss, grad) = cross_entropy(logits, target, weight, red, ignore_index, label_smoothing,
                                                         logit_scale, softcap, z_loss_scale, /*compute_grad=*/true);
@@ -283,6 +265,12 @@ void cross_entropy_backward_inplace(const at::Tensor& grad_loss, const at::Tenso
                            GradWrite::in_place);
   });
   torch::autograd::impl::bump_version(logits);
+}
+
+// The autograd.Function road's hand-over (Python's cross_entropy backward): scale_held as an op.
+void cross_entropy_scale_held_op(const at::Tensor& grad, const at::Tensor& grad_loss, const at::Tensor& target,
+                                 std::int64_t red, std::int64_t ignore_index) {
+  (void)scale_held(grad, grad_loss, target, red, ignore_index);
 }
 
 // torch's rules for writing t in place (not a leaf that requires grad nor a view of one, not an output of split,
@@ -345,6 +333,11 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
       "Tensor? weight, int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, "
       "float z_loss_scale) -> ()");
   m.def("_check_inplace(Tensor input) -> ()");
+  // Internal: a gradient made in the forward for an upstream gradient of 1 brought to grad_output in place
+  // (lossfuse::cross_entropy_scale_held: nothing is read back).
+  m.def(
+      "_cross_entropy_scale_held_(Tensor(a!) grad, Tensor grad_output, Tensor target, int reduction, "
+      "int ignore_index) -> ()");
   m.def("nll_loss(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index) -> Tensor");
   m.def(
       "nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
@@ -358,6 +351,7 @@ void register_kernels(torch::Library& m) {
   m.impl("cross_entropy", &cross_entropy);
   m.impl("cross_entropy_backward", &cross_entropy_backward);
   m.impl("_cross_entropy_backward_inplace", &cross_entropy_backward_inplace);
+  m.impl("_cross_entropy_scale_held_", &cross_entropy_scale_held_op);
   m.impl("nll_loss", &nll_loss);
   m.impl("nll_loss_backward", &nll_loss_backward);
 }

@@ -11,7 +11,7 @@ from ._func import differentiable_grads, graph_needed
 from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad, new_loss
 from ._protocol import overridable
 from ._register import ops, register_autograd, register_loss_fakes
-from ._roads import _plain_eager, compiled_autograd_on, eager_scalar, forward_ad_active, is_eager, upstream_not_finite
+from ._roads import _plain_eager, compiled_autograd_on, eager_scalar, forward_ad_active, is_eager
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -51,6 +51,11 @@ def _rescale_fake(grad, applied, grad_output):
     return None
 
 
+@torch.library.register_fake("lossfuse::_cross_entropy_scale_held_")
+def _scale_held_fake(grad, grad_output, target, reduction, ignore_index):
+    return None
+
+
 register_loss_fakes("nll_loss", lambda input, *args: _rows(input))
 
 
@@ -69,9 +74,9 @@ def _ce_setup(ctx, inputs, output):
     ctx.compute_grad = compute_grad
     ctx.eager_grad = None
     if compute_grad and reduction != 0 and is_eager(grad):
-        # Rescaled in place by the first backward (rescale_grad_) and handed over, so kept outside
-        # save_for_backward's version check.
-        ctx.eager_grad = (grad, torch.ones((), dtype=loss.dtype, device=loss.device))
+        # Scaled in place by the first backward (_cross_entropy_scale_held_) and handed over, so kept outside
+        # save_for_backward's version check; [None] once handed over.
+        ctx.eager_grad = [grad]
         grad = None
     ctx.save_for_backward(input, target, weight, lse, grad if compute_grad else None)
 
@@ -135,23 +140,22 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad and ((getattr(ctx, "float32_loss", False) and not _is_one(grad_loss))
-                                 or upstream_not_finite(grad_loss)):
+        if ctx.compute_grad and getattr(ctx, "float32_loss", False) and not _is_one(grad_loss):
             # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
-            # once-rounded value by an ulp where torch's is not; scaled by NaN or inf, its ignored rows would not stay
-            # 0: made again from the saved lse, scaled before rounding (any gradient held stays for a later backward)
+            # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before
+            # rounding (any gradient held stays for a later backward)
             grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
         elif ctx.eager_grad is not None:
             # handed over once: the caller owns it from now on (it may land in .grad and change there)
-            grad, applied = ctx.eager_grad
+            grad = ctx.eager_grad[0]
             if grad is None:
                 # a retained graph's next backward: a new gradient from the same forward kernel, the same to the
                 # bit as the first (backward is reentrant, as gradcheck checks)
                 grad = torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
-                applied = torch.ones_like(applied)
             else:
-                ctx.eager_grad = (None, applied)
-            _ops.rescale_grad_(grad, applied, grad_loss)
+                ctx.eager_grad = [None]
+            # scaled on its device, nothing read back; the ignored rows keep theirs whatever the upstream gradient
+            _ops._cross_entropy_scale_held_(grad, grad_loss, target, ctx.args.reduction, ctx.args.ignore_index)
             grad_input = grad
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
             cdim = 1 if input.dim() >= 2 else 0

@@ -231,9 +231,9 @@ def test_graph_capture_forward_matches_eager():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_graph_capture_training_steps_match_eager(dtype):
     """Training steps (forward and backward) captured in a CUDA graph: cross_entropy (its eager C++ node, separate and
-    in place, which under capture scale the held gradient on the device instead of reading the upstream gradient;
-    (N, C, d) logits through the autograd.Function road and rescale_grad_) and the elementwise losses (forward and
-    backward ops then); the replay gives the eager gradients. float16 takes GradScaler's default scale, 65536, which a
+    in place, and (N, C, d) logits through the autograd.Function road: each scales the held gradient on the device,
+    cross_entropy_scale_held) and the elementwise losses (forward and backward ops then); the replay gives the eager
+    gradients. float16 takes GradScaler's default scale, 65536, which a
     scale rounded to float16 first would turn into inf."""
     scale = 65536.0 if dtype == torch.float16 else 2.5
     x = torch.randn(64, 5000, device="cuda", dtype=dtype)
@@ -263,6 +263,34 @@ def test_graph_capture_training_steps_match_eager(dtype):
         assert torch.isfinite(got).all(), name
         # within an ulp or two: the eager road may scale a gradient rounded for an upstream gradient of 1
         torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 65536.0])
+@pytest.mark.parametrize("road", ["separate", "inplace", "3d"])
+def test_cross_entropy_backward_reads_nothing_back(road, upstream):
+    """An eager cross_entropy training step's backward (the C++ node, separate and in place, and the autograd.Function
+    road of (N, C, d) logits) makes no synchronising torch call: torch's sync debug mode raises on one (item(), a host
+    copy). The gradients are the float64 ones rounded to bfloat16 (within an ulp), the ignored rows 0."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    shape, tshape = ((16, 300, 4), (16, 4)) if road == "3d" else ((64, 3000), (64,))
+    x0 = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    t = torch.randint(0, shape[1], tshape, device="cuda", generator=gen)
+    t.view(-1)[::7] = -100
+    leaf = x0.clone().requires_grad_()
+    a = leaf * 1 if road == "inplace" else leaf
+    loss = LF.cross_entropy(a, t, inplace=road == "inplace")
+    scaled = loss * upstream if upstream != 1.0 else loss
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        scaled.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    x64 = x0.double().requires_grad_()
+    (want,) = torch.autograd.grad(F.cross_entropy(x64, t) * upstream, x64)
+    ignored = (t == -100).unsqueeze(1).expand_as(want)
+    assert torch.equal(leaf.grad[ignored], torch.zeros_like(leaf.grad[ignored]))
+    torch.testing.assert_close(leaf.grad.double(), want, rtol=2 ** -7, atol=1e-12 * upstream)
 
 
 def test_graph_capture_elementwise_forwards():

@@ -23,6 +23,13 @@ bool float32_holds(double v) {
   return std::isfinite(f) && (v == 0.0 || f != 0.0f);
 }
 
+void check_ignore_index(const CrossEntropyOptions& o, bool soft) {
+  if (soft && o.ignore_index != -100) {
+    throw Error(ErrorCode::invalid_value, "ignore_index", "the default -100 with probability targets",
+                std::to_string(o.ignore_index));
+  }
+}
+
 void check_options(const CrossEntropyOptions& o, bool soft, DType acc) {
   if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0)) {
     throw Error(ErrorCode::invalid_value, "label_smoothing", "a value in [0, 1]", std::to_string(o.label_smoothing));
@@ -34,10 +41,7 @@ void check_options(const CrossEntropyOptions& o, bool soft, DType acc) {
   if (!(std::isfinite(o.z_loss_scale) && o.z_loss_scale >= 0.0)) {
     throw Error(ErrorCode::invalid_value, "z_loss_scale", "a finite value >= 0", std::to_string(o.z_loss_scale));
   }
-  if (soft && o.ignore_index != -100) {
-    throw Error(ErrorCode::invalid_value, "ignore_index", "the default -100 with probability targets",
-                std::to_string(o.ignore_index));
-  }
+  check_ignore_index(o, soft);
   if (acc == DType::f32) {
     // The kernels take them in the accumulation dtype: softcap also as its inverse.
     const char* held = "a value that float32 holds (logits other than float64 accumulate in float32)";
@@ -200,6 +204,24 @@ void cross_entropy_forward_backward(const TensorView& logits, const TensorView& 
                                     const std::optional<TensorView>& grad_loss, const TensorView& grad_logits,
                                     GradWrite write) {
   dispatch(CeMode::forward_backward, logits, target, options, &out, nullptr, grad_loss, &grad_logits, write);
+}
+
+void cross_entropy_scale_held(const TensorView& grad_logits, const TensorView& target,
+                              const CrossEntropyOptions& options, const std::optional<TensorView>& grad_loss) {
+  const core::Backend& be = core::backend_for(grad_logits, "grad_logits");
+  const core::ClassProblem pb = core::check_class_problem(grad_logits, "grad_logits", target, options.reduction, true);
+  check_ignore_index(options, pb.soft);
+  core::check_grad_loss(grad_loss, pb, options.reduction);
+  std::vector<NamedView> read = {{"target", &target}};
+  if (grad_loss) read.push_back({"grad_loss", &*grad_loss});
+  core::check_disjoint({{"grad_logits", &grad_logits}}, read);
+  if (!grad_loss || pb.rows == 0 || pb.classes == 0) return;  // absent: 1
+  core::CeParams p;
+  p.mode = CeMode::scale;
+  core::fill_layout(p, pb, grad_logits, target, &grad_logits, grad_loss);
+  p.grad_loss = grad_loss->data;  // one element for mean / sum: every row's offset is 0 (fill_layout)
+  p.ignore_index = options.ignore_index;
+  be.cross_entropy(p);
 }
 
 }  // namespace lossfuse

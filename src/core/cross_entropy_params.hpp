@@ -9,7 +9,10 @@
 
 namespace lossfuse::core {
 
-enum class CeMode : std::uint8_t { forward, backward, forward_backward };
+// scale: cross_entropy_scale_held. grad (rows x classes, g_cstride, kGradRow) times each row's upstream gradient
+// grad_loss[index.offset(kGradLossRow, r)] (Acc; one element for mean / sum), in Acc and rounded once; rows whose
+// value is 1 or whose class target is ignore_index are left as they are. No other field is read.
+enum class CeMode : std::uint8_t { forward, backward, forward_backward, scale };
 
 // Views in RowIndex order.
 enum RowView : int { kLogitsRow = 0, kTargetRow = 1, kGradRow = 2, kGradLossRow = 3 };

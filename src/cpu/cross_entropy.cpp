@@ -631,6 +631,35 @@ void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   });
 }
 
+// CeMode::scale (cross_entropy_scale_held): rows [r0, r1) of the gradient times their upstream gradient, in Acc.
+template <class T, class Acc>
+HWY_NOINLINE void ScaleRowsFor(const CeParams& p, std::int64_t r0, std::int64_t r1) {
+  const hn::ScalableTag<Acc> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t C = p.classes, gs = p.g_cstride;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const Acc s = static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)];
+    if (s == Acc(1)) continue;
+    if (!p.soft && core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
+      continue;
+    }
+    T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
+    std::int64_t c = 0;
+    if (gs == 1) {
+      const auto vs = hn::Set(d, s);
+      for (; c + lanes <= C; c += lanes) StoreAcc(d, hn::Mul(LoadAcc(d, g + c), vs), g + c);
+    }
+    for (; c < C; ++c) g[c * gs] = FromAcc<T>(ToAcc<Acc>(g[c * gs]) * s);
+  }
+}
+
+void ScaleRows(const CeParams& p, std::int64_t r0, std::int64_t r1) {
+  math::visit_float_storage<hwy::bfloat16_t, hwy::float16_t>(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ScaleRowsFor<T, math::AccOf<T>>(p, r0, r1);
+  });
+}
+
 template <class F>
 void ApplyArray(const float* x, float* y, std::int64_t n, F f) {
   const hn::ScalableTag<float> d;
@@ -676,6 +705,7 @@ HWY_AFTER_NAMESPACE();
 namespace lossfuse::cpu {
 
 HWY_EXPORT(CrossEntropyBlocks);
+HWY_EXPORT(ScaleRows);
 HWY_EXPORT(FastExpArray);
 HWY_EXPORT(ExpAnyArray);
 HWY_EXPORT(FastLogArray);
@@ -689,6 +719,18 @@ void fast_log1p(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH
 void fast_log1p_unit(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(FastLog1pUnitArray)(x, y, n); }
 
 void cross_entropy_rows(const core::CeParams& p) {
+  if (p.mode == core::CeMode::scale) {
+    bool uniform = true;  // one upstream value for every row: a value of 1 returns before any task starts
+    for (int i = 0; i < p.index.ndim; ++i) uniform = uniform && p.index.strides[core::kGradLossRow][i] == 0;
+    const double up = p.dtype == DType::f64 ? *static_cast<const double*>(p.grad_loss)
+                                            : static_cast<double>(*static_cast<const float*>(p.grad_loss));
+    if (uniform && up == 1.0) return;
+    const std::int64_t grain = std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, p.classes));
+    parallel_for(0, p.rows, grain, [&p](std::int64_t r0, std::int64_t r1) {
+      HWY_DYNAMIC_DISPATCH(ScaleRows)(p, r0, r1);
+    });
+    return;
+  }
   const std::int64_t blocks = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
   // about 64K elements of work per task
   const std::int64_t grain = std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, p.classes * p.rows_per_block));

@@ -655,6 +655,26 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
+// CeMode::scale (cross_entropy_scale_held): each block takes rows grid-strided, its threads along the classes.
+// uniform: one upstream value for every row, so a value of 1 returns at once.
+template <class T>
+__global__ void __launch_bounds__(kMaxRowThreads) ce_scale_kernel(const CeParams p, bool uniform) {
+  using Acc = math::AccOf<T>;
+  const Acc* up = static_cast<const Acc*>(p.grad_loss);
+  if (uniform && up[0] == Acc(1)) return;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const Acc s = up[p.index.offset(core::kGradLossRow, r)];
+    if (s == Acc(1)) continue;
+    if (!p.soft && core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
+      continue;
+    }
+    T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
+    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) {
+      g[c * p.g_cstride] = from_acc<T>(to_acc(g[c * p.g_cstride]) * s);
+    }
+  }
+}
+
 // ---- launch ---------------------------------------------------------------------------------------------------
 
 // Threads per row block: a warp per 256 elements, at least one and at most 8 warps (the kernels' launch bounds), so
@@ -812,9 +832,22 @@ void ce_run_device(const CeParams& p) {
   steps.finish(p);
 }
 
+// A held gradient scaled on the stream: nothing is read back (core passes no empty call).
+template <class T>
+void ce_scale(const CeParams& p) {
+  const DeviceScope scope(operands(p, "grad_logits"));
+  bool uniform = true;
+  for (int i = 0; i < p.index.ndim; ++i) uniform = uniform && p.index.strides[core::kGradLossRow][i] == 0;
+  constexpr int64_t kScaleBlocks = 2048;  // a few resident blocks per multiprocessor; rows beyond are grid-strided
+  ce_scale_kernel<T><<<static_cast<unsigned>(std::min(p.rows, kScaleBlocks)), row_threads(p.classes), 0, stream()>>>(
+      p, uniform);
+  check_launch("ce_scale_kernel");
+}
+
 template <class T>
 void ce_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
+  if (p.mode == CeMode::scale) return ce_scale<T>(p);
   if (p.device_call != nullptr) return ce_run_device<T>(p);
   if (p.rows == 0) return;
   const DeviceScope scope(operands(p, "logits"));

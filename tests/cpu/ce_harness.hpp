@@ -1,6 +1,7 @@
 // lossfuse tests: building cross-entropy problems and checking every entry point against the reference.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -210,6 +211,45 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
     check_forward(p, g.loss, s.with_lse ? &g.lse : nullptr, s.with_z ? &g.z : nullptr, "forward_backward in_place");
     check_grad(p, work, "forward_backward in_place");
     EXPECT_TRUE(work.outside_untouched(kSentinel)) << "in-place forward_backward wrote outside the logits view";
+  }
+  // forward_backward for an upstream gradient of 1 (separate and in place), then cross_entropy_scale_held to the
+  // spec's upstream gradient: each row is the held value times its upstream gradient, rounded once from the
+  // accumulation dtype, except where the target is ignored or the upstream gradient is 1 (kept bit for bit; the
+  // sign of a zero is compared too).
+  for (const GradWrite write : {GradWrite::separate, GradWrite::in_place}) {
+    const bool in_place = write == GradWrite::in_place;
+    Fwd g = make_outputs(p, s.with_lse, s.with_z);
+    Tensor grad = in_place ? p.logits : p.new_grad(s.grad_layout);
+    Mirror m(mem);
+    const TensorView gv = m(grad);
+    lossfuse::cross_entropy_forward_backward(in_place ? gv : m(p.logits), m(p.target), options(m),
+                                             mirror_outputs(m, g, g.out), std::nullopt, gv, write);
+    m.download();
+    const std::vector<double> held = gather_rows(grad);
+    lossfuse::cross_entropy_scale_held(gv, m(p.target), options(m), m(p.grad_loss));
+    m.download();
+    const std::vector<double> got = gather_rows(grad);
+    std::int64_t wrong = 0, first = -1;
+    for (std::int64_t r = 0; r < p.R; ++r) {
+      const bool ignored = !s.soft && p.target.get_int(r) == s.ignore_index;
+      const double up = !p.grad_loss ? 1.0 : p.grad_loss->get(p.grad_loss->numel() == 1 ? 0 : r);
+      for (std::int64_t c = 0; c < p.C; ++c) {
+        const double h = held[r * p.C + c];
+        double want = h;
+        if (!ignored && up != 1.0) {
+          const double product = h * up;  // exact in double for a float32 pair
+          want = round_to(s.dt, p.acc() == DType::f64 ? product : static_cast<double>(static_cast<float>(product)));
+        }
+        const double v = got[r * p.C + c];
+        if (!((v == want && std::signbit(v) == std::signbit(want)) || (std::isnan(v) && std::isnan(want)))) {
+          if (first < 0) first = r * p.C + c;
+          ++wrong;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "scale_held" << (in_place ? " in_place" : "") << ": " << wrong
+                        << " elements differ from held * upstream, the first at " << first;
+    EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "scale_held wrote outside grad_logits";
   }
 }
 

@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, Determinism, ::testing::ValuesIn(determin
                          [](const auto& i) { return i.param.name; });
 
 // ---- errors: each bad argument throws lossfuse::Error with the right code and writes nothing -------------------
-enum class Entry { forward, backward, forward_backward };
+enum class Entry { forward, backward, forward_backward, scale_held };
 
 struct ErrFixture : GuardedBuffers {
   Tensor logits = Tensor::make(DType::f32, {4, 5});
@@ -222,12 +222,19 @@ struct ErrFixture : GuardedBuffers {
       case Entry::forward: lossfuse::cross_entropy_forward(lg, tg, o, out); break;
       case Entry::backward: lossfuse::cross_entropy_backward(lg, tg, lse_in.view, up(), o, gr, write); break;
       case Entry::forward_backward: lossfuse::cross_entropy_forward_backward(lg, tg, o, out, up(), gr, write); break;
+      case Entry::scale_held: lossfuse::cross_entropy_scale_held(gr, tg, o, up()); break;
     }
   }
 };
 
 const char* entry_name(Entry e) {
-  return e == Entry::forward ? "forward" : e == Entry::backward ? "backward" : "forward_backward";
+  switch (e) {
+    case Entry::forward: return "forward";
+    case Entry::backward: return "backward";
+    case Entry::forward_backward: return "forward_backward";
+    case Entry::scale_held: return "scale_held";
+  }
+  return "?";
 }
 
 // Expects every listed entry point to throw one of `codes` with all buffers untouched; `setup` mutates the
@@ -371,7 +378,7 @@ TEST(CrossEntropyErrors, GradShapeAndDtype) {
   expect_error([](ErrFixture&) { return Views{{}, {}, g16.view}; }, {ErrorCode::dtype_mismatch}, bw);
 }
 TEST(CrossEntropyErrors, GradLossShapeAndDtype) {
-  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward};
+  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward, Entry::scale_held};
   expect_error([](ErrFixture& f) { f.grad_loss = Tensor::make(DType::f32, {4}); return Views{}; },
                {ErrorCode::shape_mismatch}, bw);
   expect_error([](ErrFixture& f) { f.grad_loss = Tensor::make(DType::f64, {}); return Views{}; },
@@ -385,6 +392,76 @@ TEST(CrossEntropyErrors, GradLossShapeAndDtype) {
     return Views{};
   }, {ErrorCode::shape_mismatch}, bw);
 }
+// cross_entropy_scale_held checks the gradient, the target and grad_loss as the backward does (the logits play no
+// part), and refuses a gradient sharing memory with either; nothing is written then. A target out of range is not
+// its concern: it only compares targets with ignore_index.
+TEST(CrossEntropyErrors, ScaleHeldOperands) {
+  const std::initializer_list<Entry> held = {Entry::scale_held};
+  auto with_up = [](ErrFixture& f) { f.grad_loss = scalar_tensor(DType::f32, 2.0); };
+  static Tensor int_grad = Tensor::make(DType::i32, {4, 5});
+  static Tensor short_target = Tensor::make(DType::i64, {5});
+  static Tensor soft_target = Tensor::make(DType::f32, {4, 5});
+  expect_error(
+      [&](ErrFixture& f) {
+        with_up(f);
+        return Views{{}, {}, int_grad.view};
+      },
+      {ErrorCode::dtype_mismatch, ErrorCode::invalid_value}, held);
+  expect_error(
+      [&](ErrFixture& f) {
+        with_up(f);
+        return Views{{}, short_target.view, {}};
+      },
+      {ErrorCode::shape_mismatch}, held);
+  expect_error(
+      [&](ErrFixture& f) {  // the target inside the gradient's memory
+        with_up(f);
+        return Views{{}, TensorView::contiguous(f.grad.view.data, DType::i32, {4}), {}};
+      },
+      {ErrorCode::bad_pointer}, held);
+  expect_error(
+      [&](ErrFixture& f) {  // grad_loss inside it
+        with_up(f);
+        f.grad_loss->view.data = f.grad.view.data;
+        return Views{};
+      },
+      {ErrorCode::bad_pointer}, held);
+  expect_error(
+      [&](ErrFixture& f) {
+        with_up(f);
+        f.o.ignore_index = 0;
+        return Views{{}, soft_target.view, {}};
+      },
+      {ErrorCode::invalid_value}, held);
+}
+
+TEST(CrossEntropyScaleHeld, RowsKeptAndScaled) {
+  // rows: ignored, upstream 1, upstream -0.5, NaN upstream; the target of the third is out of range (not checked)
+  Tensor grad = Tensor::make(DType::bf16, {4, 3});
+  for (std::int64_t i = 0; i < 12; ++i) grad.set(i, 0.25 * static_cast<double>(i + 1));
+  grad.set(1, kNaN);  // a NaN in the ignored row stays NaN
+  Tensor target = Tensor::make(DType::u8, {4});
+  for (std::int64_t r = 0; r < 4; ++r) target.set_int(r, std::array<std::int64_t, 4>{200, 1, 9, 0}[r]);
+  Tensor up = Tensor::make(DType::f32, {4});
+  for (std::int64_t r = 0; r < 4; ++r) up.set(r, std::array<double, 4>{3.0, 1.0, -0.5, kNaN}[r]);
+  CrossEntropyOptions o;
+  o.reduction = Reduction::none;
+  o.ignore_index = 200;  // compared with the uint8 target's value
+  const Tensor before = grad;
+  lossfuse::cross_entropy_scale_held(grad.view, target.view, o, up.view);
+  for (std::int64_t c = 0; c < 3; ++c) {
+    const double b0 = before.get(c), b1 = before.get(3 + c), b2 = before.get(6 + c);
+    EXPECT_TRUE(grad.get(c) == b0 || (std::isnan(b0) && std::isnan(grad.get(c)))) << c;
+    EXPECT_EQ(grad.get(3 + c), b1) << c;
+    EXPECT_EQ(grad.get(6 + c), -0.5 * b2) << c;
+    EXPECT_TRUE(std::isnan(grad.get(9 + c))) << c;
+  }
+  // no upstream gradient: 1, nothing written
+  const Tensor scaled = grad;
+  lossfuse::cross_entropy_scale_held(grad.view, target.view, o, std::nullopt);
+  EXPECT_TRUE(same_bytes(grad, scaled));
+}
+
 TEST(CrossEntropyErrors, GradOverlapsLogitsWithoutInPlace) {
   const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward};
   expect_error([](ErrFixture& f) { return Views{{}, {}, f.logits.view}; }, {ErrorCode::bad_pointer}, bw);

@@ -211,6 +211,45 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
   }
 }
 
+// cross_entropy_scale_held reads the upstream gradient on the device: captured and replayed twice, it gives the bits
+// of two eager calls (the held gradient itself for an upstream of 1), so a training step's backward needs no
+// read-back.
+TEST(CrossEntropyCudaGraph, CapturedScaleHeldMatchesEager) {
+  for (double up : {1.0, 0.75}) {
+    Spec s = base_spec(DType::bf16, DType::u8);
+    s.shape = {300, 5000};
+    s.ignore_frac = 0.2;
+    s.ignore_index = 7;
+    Problem p = build(s);
+    Tensor held = p.new_grad(Layout::contiguous);
+    {
+      Fwd f = make_outputs(p, true, false);
+      Mirror m(&kCuda);
+      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), p.options(), mirror_outputs(m, f, f.out),
+                                               std::nullopt, m(held));
+      m.download();
+    }
+    auto bits = [&](bool captured) {
+      Tensor grad = held;
+      Tensor scale = scalar_tensor(DType::f32, up);
+      Mirror m(&kCuda);
+      const TensorView g = m(grad), target = m(p.target), u = m(scale);
+      auto call = [&] { lossfuse::cross_entropy_scale_held(g, target, p.options(), u); };
+      if (captured) {
+        run_captured(call);  // replayed twice
+      } else {
+        call();
+        call();
+      }
+      m.download();
+      return grad.storage;
+    };
+    const auto eager = bits(false);
+    EXPECT_TRUE(bits(true) == eager) << "up " << up << ": the captured calls' bits differ from the eager calls'";
+    if (up == 1.0) EXPECT_TRUE(eager == held.storage) << "an upstream gradient of 1 changed the held gradient";
+  }
+}
+
 }  // namespace
 }  // namespace ce
 
