@@ -405,6 +405,24 @@ def test_margin_losses_match_torch(name, reduction, dtype):
             dict(kwargs, reduction=reduction), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_graph_capture_margin_training_steps(dtype):
+    """Each margin loss's training step (forward and backward, an upstream gradient of 2.5) captured in a CUDA graph:
+    every call is a device call (weights, target check, upstream scalar and reduction on the device), so the capture
+    holds and the replay gives the eager gradients and loss bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(64, 300, device="cuda", generator=gen).to(dtype)
+    for name, (fn, kwargs) in _margin_cases(gen, n=64, d=300).items():
+        def step():
+            leaf = x.clone().requires_grad_()
+            loss = fn(LF, leaf, **kwargs)
+            (2.5 * loss).backward()
+            return loss.detach(), leaf.grad
+
+        want, got, _ = _captured(step)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+
+
 @pytest.mark.parametrize("name", MARGIN_LOSSES)
 def test_margin_losses_gradcheck(name):
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -31,6 +31,8 @@ void run(bool backward, const TensorView& x1, const TensorView& x2, const Tensor
                              {{"x1", &x1}, {"x2", &x2}, {"target", &target}});
 
   core::MarginParams p;
+  core::MarginDeviceCall call;
+  core::start_margin_call(p, call, x1.device);
   p.backward = backward;
   core::set_margin_rows(p, x1);
   p.x[0] = x1.data, p.x[1] = x2.data, p.target = target.data, p.target_dtype = target.dtype;

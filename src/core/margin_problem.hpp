@@ -29,6 +29,28 @@ enum MarginView : int { kMvX0, kMvX1, kMvX2, kMvTarget, kMvG0, kMvG1, kMvG2, kMv
 
 using MarginIndex = RowIndexN<kMarginViews>;
 
+// The class-target check a device call makes before writing anything: none, one class index per row in [0, D)
+// (multi_margin), or every element in [-1, D) (multilabel_margin's label lists).
+enum class MarginCheck : std::uint8_t { none, class_index, label_list };
+
+// A device backend's whole call (MarginParams::device_call, set by core for operands off the CPU, after every shape,
+// dtype and overlap check): the backend converts the class weights, checks the class targets, reads the upstream
+// scalar and reduces the loss on its device, so core takes no host step and the call reads back at most the check's
+// record (nothing under stream capture, where a bad target makes its row, and a reduced loss over it, NaN). A
+// backward asking for no gradient still runs the check.
+struct MarginDeviceCall {
+  const void* weight = nullptr;  // the caller's (D) class weights (any floating dtype and stride), nullptr: none
+  DType weight_dtype = DType::f32;
+  std::int64_t weight_stride = 1;
+  Reduction reduction = Reduction::mean;
+  const void* grad_scalar = nullptr;  // mean / sum backward: the upstream scalar (Acc); nullptr: 1
+  void* loss = nullptr;               // mean / sum forward: the one-element output (Acc)
+  MarginCheck check = MarginCheck::none;
+  // Out: the first bad target in row-major order (bad_row -1: none), at (bad_row, bad_col) of the rows x (1 or D)
+  // targets; the call then wrote nothing.
+  std::int64_t bad_row = -1, bad_col = 0, bad_value = 0;
+};
+
 struct MarginParams {
   bool backward = false;
   DType dtype = DType::f32;               // the floating inputs and gradients
@@ -47,7 +69,26 @@ struct MarginParams {
   const void* weight = nullptr;  // Acc (D) class weights or null
   double margin = 0, p = 2, eps = 0;
   bool swap = false;
+  MarginDeviceCall* device_call = nullptr;  // device backends: set by core (see MarginDeviceCall); nullptr: host steps
 };
+
+// Starts p as a device call through `call` when `device` is not the CPU; the class weights then stay where they are
+// (checked here) and `host` is empty, else they are loaded to the host (p.weight).
+template <class Acc>
+void start_margin_call(MarginParams& p, MarginDeviceCall& call, Device device, const std::optional<TensorView>& weight,
+                       std::int64_t classes, std::vector<Acc>& host) {
+  if (device == Device::cpu) {
+    host = load_weights<Acc>(weight, classes, device);
+    p.weight = host.empty() ? nullptr : host.data();
+    return;
+  }
+  check_weights(weight, classes, device);
+  if (weight) call.weight = weight->data, call.weight_dtype = weight->dtype, call.weight_stride = weight->strides[0];
+  p.device_call = &call;
+}
+inline void start_margin_call(MarginParams& p, MarginDeviceCall& call, Device device) {
+  if (device != Device::cpu) p.device_call = &call;
+}
 
 // The upstream gradient of row r, in every backend's kernel: grad_loss[r] for 'none' (1 when absent), else the scale
 // (1/rows folded in for 'mean').
@@ -147,7 +188,8 @@ inline void check_input_ndim(const TensorView& t, std::string_view name, int lo,
 
 inline void check_margin_option(double v, std::string_view name) { check_finite_option(v, name); }
 
-// Upstream gradient: per row for 'none', else one scale with 1/rows folded in for 'mean'.
+// Upstream gradient: per row for 'none', else one scale with 1/rows folded in for 'mean' (a device call: the
+// scalar's pointer, read by the backend, and 1/rows or 1 here).
 inline void set_margin_grad_scale(MarginParams& p, Reduction r, const std::optional<TensorView>& grad_loss) {
   if (r == Reduction::none) {
     if (grad_loss) {
@@ -157,15 +199,26 @@ inline void set_margin_grad_scale(MarginParams& p, Reduction r, const std::optio
     }
     return;
   }
-  p.grad_scale = grad_loss ? read_scalar(*grad_loss) : 1.0;
+  if (p.device_call != nullptr) {  // the backend reads the scalar on its device (divided by rows for 'mean')
+    p.device_call->reduction = r;
+    p.device_call->grad_scalar = grad_loss ? grad_loss->data : nullptr;
+  }
+  p.grad_scale = grad_loss && p.device_call == nullptr ? read_scalar(*grad_loss) : 1.0;
   // 'mean' over no rows: the scale is inf but no gradient element exists.
   if (r == Reduction::mean) p.grad_scale /= static_cast<double>(p.rows);
 }
 
 // Runs `kernel` on p with the loss output wired up, then finishes the reduction (block partials summed in
-// block order; 'mean' divides by rows, so an empty batch gives nan and 'sum' gives 0).
+// block order; 'mean' divides by rows, so an empty batch gives nan and 'sum' gives 0). A device call reduces on the
+// device instead.
 template <class Kernel>
 void run_margin_forward(MarginParams& p, const TensorView& loss, Reduction r, Kernel kernel) {
+  if (p.device_call != nullptr) {  // the backend reduces on its device, into the loss itself
+    p.device_call->reduction = r;
+    (r == Reduction::none ? p.loss_rows : p.device_call->loss) = loss.data;
+    kernel(p);
+    return;
+  }
   std::vector<double> blocks;
   if (r == Reduction::none) {
     p.loss_rows = loss.data;
@@ -175,6 +228,24 @@ void run_margin_forward(MarginParams& p, const TensorView& loss, Reduction r, Ke
   }
   kernel(p);
   if (r != Reduction::none) write_reduced(loss, blocks, r, static_cast<double>(p.rows));
+}
+
+// multi_margin's and multilabel_margin's run: the forward (run_margin_forward), or the backward with grad_input wired
+// up. A backward asking for no gradient is the checks (and the target scan) only: a device call still runs the
+// entry, which scans there.
+template <class Kernel>
+void run_class_target_call(MarginParams& p, bool backward, const TensorView* loss, Reduction r,
+                           const std::optional<TensorView>& grad_loss, const TensorView* grad, Kernel kernel) {
+  if (!backward) {
+    run_margin_forward(p, *loss, r, kernel);
+    return;
+  }
+  if (grad != nullptr) {
+    p.grad[0] = grad->data;
+    set_margin_view(p, kMvG0, *grad, true);
+    set_margin_grad_scale(p, r, grad_loss);
+  }
+  if (grad != nullptr || p.device_call != nullptr) kernel(p);
 }
 
 }  // namespace lossfuse::core

@@ -10,12 +10,20 @@
 namespace lossfuse {
 namespace {
 
+Error bad_target(std::int64_t classes, std::int64_t value, std::int64_t row) {
+  return {ErrorCode::index_error, "target", "a class index in [0, " + std::to_string(classes) + ")",
+          std::to_string(value) + " at position [" + std::to_string(row) + "]"};
+}
+
 template <class Acc>
 void run(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,
          const TensorView* loss, const std::optional<TensorView>& grad_loss, const TensorView* grad) {
   const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C, input.device);
+  core::MarginParams p;
+  core::MarginDeviceCall call;
+  std::vector<Acc> weights;
+  core::start_margin_call<Acc>(p, call, input.device, o.weight, C, weights);
   const DType acc = accumulate_dtype(input.dtype);
   std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
   if (o.weight) read.push_back({"weight", &*o.weight});
@@ -23,31 +31,22 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   core::check_margin_outputs(backward, acc, o.reduction, target.shape.data(), target.ndim, loss, grad_loss,
                              {{"grad_input", grad}}, input, std::move(read));
 
-  core::MarginParams p;
   p.backward = backward;
   core::set_margin_rows(p, input);
   p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
   core::set_margin_view(p, core::kMvX0, input, true);
   if (input.ndim == 2) core::set_margin_view(p, core::kMvTarget, target, false);
-  const core::HostCopy host_target(target);  // the target itself on the CPU
-  for (std::int64_t r = 0; r < p.rows; ++r) {
-    const std::int64_t t = core::read_target(host_target.view().data, target.dtype, p.index.offset(core::kMvTarget, r));
-    if (t < 0 || t >= C) {
-      throw Error(ErrorCode::index_error, "target", "a class index in [0, " + std::to_string(C) + ")",
-                  std::to_string(t) + " at position [" + std::to_string(r) + "]");
+  if (p.device_call != nullptr) {
+    call.check = core::MarginCheck::class_index;  // scanned by the backend on its device
+  } else {
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      const std::int64_t t = core::read_target(target.data, target.dtype, p.index.offset(core::kMvTarget, r));
+      if (t < 0 || t >= C) throw bad_target(C, t, r);
     }
   }
-  p.weight = weights.empty() ? nullptr : weights.data();
   p.margin = o.margin, p.p = o.p;
-  if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, be.multi_margin);
-    return;
-  }
-  if (grad == nullptr) return;  // no gradient asked for: the checks (and the target scan) only
-  p.grad[0] = grad->data;
-  core::set_margin_view(p, core::kMvG0, *grad, true);
-  core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  be.multi_margin(p);
+  core::run_class_target_call(p, backward, loss, o.reduction, grad_loss, grad, be.multi_margin);
+  if (call.bad_row >= 0) throw bad_target(C, call.bad_value, call.bad_row);
 }
 
 void dispatch(bool backward, const TensorView& input, const TensorView& target, const MultiMarginOptions& o,

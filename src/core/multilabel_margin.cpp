@@ -67,40 +67,35 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
                              {{"grad_input", grad}}, input, {{"input", &input}, {"target", &target}});
 
   core::MarginParams p;
+  core::MarginDeviceCall call;
+  core::start_margin_call(p, call, input.device);
   p.backward = backward;
   core::set_margin_rows(p, input);
   p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
   core::set_margin_view(p, core::kMvX0, input, true);
   core::set_margin_view(p, core::kMvTarget, target, true);
-  // torch checks every value, also past the terminating -1: all must lie in [-1, C). Rows are tested over
-  // threads in typed, branch-free loops (on a host copy of a device target); only when one fails is the first bad
-  // value looked up, in row order.
-  const core::HostCopy host_target(target);
-  core::MarginParams scan = p;
-  scan.target = host_target.view().data;
-  if (!targets_in_range(scan, target.dtype, C)) {
+  // torch checks every value, also past the terminating -1: all must lie in [-1, C). On the CPU rows are tested over
+  // threads in typed, branch-free loops; only when one fails is the first bad value looked up, in row order. A device
+  // call scans on its device.
+  auto bad_target = [&](std::int64_t r, std::int64_t c, std::int64_t t) {
+    const std::string pos = input.ndim == 2 ? std::to_string(r) + ", " + std::to_string(c) : std::to_string(c);
+    return Error(ErrorCode::index_error, "target",
+                 "class indices in [0, " + std::to_string(C) + ") or -1 (ends the label list)",
+                 std::to_string(t) + " at position [" + pos + "]");
+  };
+  if (p.device_call != nullptr) {
+    call.check = core::MarginCheck::label_list;
+  } else if (!targets_in_range(p, target.dtype, C)) {
     for (std::int64_t r = 0; r < p.rows; ++r) {
       const std::int64_t off = p.index.offset(core::kMvTarget, r);
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t t = core::read_target(scan.target, target.dtype, off + c * p.inner[core::kMvTarget]);
-        if (t < -1 || t >= C) {
-          const std::string pos = input.ndim == 2 ? std::to_string(r) + ", " + std::to_string(c) : std::to_string(c);
-          throw Error(ErrorCode::index_error, "target",
-                      "class indices in [0, " + std::to_string(C) + ") or -1 (ends the label list)",
-                      std::to_string(t) + " at position [" + pos + "]");
-        }
+        const std::int64_t t = core::read_target(p.target, target.dtype, off + c * p.inner[core::kMvTarget]);
+        if (t < -1 || t >= C) throw bad_target(r, c, t);
       }
     }
   }
-  if (!backward) {
-    core::run_margin_forward(p, *loss, o.reduction, be.multilabel_margin);
-    return;
-  }
-  if (grad == nullptr) return;  // no gradient asked for: the checks (and the target scan) only
-  p.grad[0] = grad->data;
-  core::set_margin_view(p, core::kMvG0, *grad, true);
-  core::set_margin_grad_scale(p, o.reduction, grad_loss);
-  be.multilabel_margin(p);
+  core::run_class_target_call(p, backward, loss, o.reduction, grad_loss, grad, be.multilabel_margin);
+  if (call.bad_row >= 0) throw bad_target(call.bad_row, call.bad_col, call.bad_value);
 }
 
 }  // namespace

@@ -15,7 +15,10 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
          const std::optional<TensorView>& gt) {
   const core::Backend& be = core::backend_for(input, "input");
   const std::int64_t C = input.shape[input.ndim - 1];
-  const std::vector<Acc> weights = core::load_weights<Acc>(o.weight, C, input.device);
+  core::MarginParams p;
+  core::MarginDeviceCall call;
+  std::vector<Acc> weights;
+  core::start_margin_call<Acc>(p, call, input.device, o.weight, C, weights);
   const DType acc = accumulate_dtype(input.dtype);
   const int row_ndim = input.ndim - 1;
   std::vector<core::NamedView> read = {{"input", &input}, {"target", &target}};
@@ -23,13 +26,11 @@ void run(bool backward, const TensorView& input, const TensorView& target, const
   core::check_margin_outputs(backward, acc, o.reduction, input.shape.data(), row_ndim, loss, grad_loss,
                              {{"grad_input", core::ptr(gx)}, {"grad_target", core::ptr(gt)}}, input, std::move(read));
 
-  core::MarginParams p;
   p.backward = backward;
   core::set_margin_rows(p, input);
   p.x[0] = input.data, p.target = target.data, p.target_dtype = target.dtype;
   core::set_margin_view(p, core::kMvX0, input, true);
   core::set_margin_view(p, core::kMvTarget, target, true);
-  p.weight = weights.empty() ? nullptr : weights.data();
   if (!backward) {
     core::run_margin_forward(p, *loss, o.reduction, be.multilabel_soft_margin);
     return;

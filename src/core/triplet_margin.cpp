@@ -32,6 +32,8 @@ void run(bool backward, const TensorView& a, const TensorView& pos, const Tensor
                              a, {{"anchor", &a}, {"positive", &pos}, {"negative", &neg}});
 
   core::MarginParams p;
+  core::MarginDeviceCall call;
+  core::start_margin_call(p, call, a.device);
   p.backward = backward;
   core::set_margin_rows(p, a);
   const TensorView* xs[3] = {&a, &pos, &neg};

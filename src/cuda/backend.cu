@@ -1,5 +1,9 @@
 // The CUDA backend's table: every loss family (src/cuda/kernels.hpp), and the block sums their reduced forwards share.
 // The elementwise losses' value checks scan host copies (core), so value_scan is never given device memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -54,7 +58,35 @@ __global__ void block_sums_kernel(const double* rows, std::int64_t n, std::int64
   out[b] = s;
 }
 
+// The caller's class weights (any floating dtype and stride) in Acc, as core::load_weights converts them.
+template <class Acc>
+__global__ void weights_kernel(const void* w, DType dtype, std::int64_t stride, std::int64_t n, Acc* out) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t o = i * stride;
+    Acc v = 0;
+    switch (dtype) {
+      case DType::f32: v = static_cast<Acc>(static_cast<const float*>(w)[o]); break;
+      case DType::f64: v = static_cast<Acc>(static_cast<const double*>(w)[o]); break;
+      case DType::f16: v = static_cast<Acc>(__half2float(static_cast<const __half*>(w)[o])); break;
+      case DType::bf16: v = static_cast<Acc>(__bfloat162float(static_cast<const __nv_bfloat16*>(w)[o])); break;
+      default: break;
+    }
+    out[i] = v;
+  }
+}
+
 }  // namespace
+
+template <class Acc>
+void weights_to_acc(const void* w, DType dtype, std::int64_t stride, std::int64_t n, Acc* out) {
+  if (n == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
+  weights_kernel<Acc><<<blocks, 256, 0, stream()>>>(w, dtype, stride, n, out);
+  check(cudaGetLastError(), "weights_kernel");
+}
+template void weights_to_acc<float>(const void*, DType, std::int64_t, std::int64_t, float*);
+template void weights_to_acc<double>(const void*, DType, std::int64_t, std::int64_t, double*);
 
 void finish_blocks(const double* rows_dev, std::int64_t rows, std::int64_t per_block, double* host_blocks) {
   const std::int64_t blocks = (rows + per_block - 1) / per_block;

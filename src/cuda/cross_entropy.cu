@@ -352,24 +352,6 @@ __global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p,
   a.scan->sum_w = sum_w;
 }
 
-// The caller's class weights (any floating dtype and stride) in Acc, as core::load_weights converts them.
-template <class Acc>
-__global__ void weights_kernel(const void* w, DType dtype, int64_t stride, int64_t n, Acc* out) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i * stride;
-    Acc v = 0;
-    switch (dtype) {
-      case DType::f32: v = static_cast<Acc>(static_cast<const float*>(w)[o]); break;
-      case DType::f64: v = static_cast<Acc>(static_cast<const double*>(w)[o]); break;
-      case DType::f16: v = static_cast<Acc>(__half2float(static_cast<const __half*>(w)[o])); break;
-      case DType::bf16: v = static_cast<Acc>(__bfloat162float(static_cast<const __nv_bfloat16*>(w)[o])); break;
-      default: break;
-    }
-    out[i] = v;
-  }
-}
-
 // 'mean' / 'sum' of a device call: each block of the scan's grid (scan_grid, a function of the row count) sums its
 // contiguous range of the rows' losses (and z-losses) in a fixed tree, and the last block to finish sums the blocks'
 // partials in block order, over the record's denominators for mean, into the one-element outputs.
@@ -714,10 +696,7 @@ class DeviceSteps {
         part_w_(2 * std::size_t{grid_}),
         part_n_(2 * std::size_t{grid_}) {
     if (call_.weight != nullptr) {
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((p.classes + 255) / 256, 4096));
-      weights_kernel<Acc><<<blocks, 256, 0, stream()>>>(call_.weight, call_.weight_dtype, call_.weight_stride,
-                                                        p.classes, weights_.get());
-      check(cudaGetLastError(), "weights_kernel");
+      weights_to_acc<Acc>(call_.weight, call_.weight_dtype, call_.weight_stride, p.classes, weights_.get());
     }
     check(cudaMemsetAsync(scan_.get(), 0, sizeof(CeScan), stream()), "cudaMemsetAsync (scan record)");
     const ScanArgs<Acc> a{weights_.get(),   call_.grad_scalar,    call_.reduction == Reduction::mean,

@@ -2,10 +2,12 @@
 // src/math/margin_math.hpp, the CPU kernels' scalar forms. A group of threads per row: a warp for rows of up to
 // kWarpRow elements (8 rows to a block), the whole 256-thread block for longer ones; the group's threads stride over
 // the row's last dim and its sums are combined in a fixed order (a butterfly in each warp, then the warps in order),
-// so every run gives the same bits. Forward: a row's loss in Acc ('none'), or as a double per row summed per fixed
-// block of rows in row order (finish_blocks, the CPU's order). Any strides (stride 0 for broadcast inputs), 16-bit
-// storage through math::Io. A class index the kernel still finds out of range (core has refused it) makes its row
-// NaN, never an out-of-bounds access.
+// so every run gives the same bits. Forward: a row's loss in Acc ('none'), or as a double per row summed on the device
+// in a fixed tree into the loss (the same bits on every run; not the CPU's order, so the last bit may differ from it).
+// Every call is a device call (core::MarginDeviceCall): weights, target check, upstream scalar and reduction on the
+// device, at most one read-back (the check's). Any strides (stride 0 for broadcast inputs), 16-bit storage through
+// math::Io. A class index the kernel still finds out of range (under capture, where nothing is read back) makes its
+// row NaN, never an out-of-bounds access.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "core/margin_problem.hpp"
 #include "core/targets.hpp"
+#include "cuda/block_reduce.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/runtime.hpp"
 #include "math/margin_math.hpp"
@@ -35,11 +38,14 @@ constexpr int64_t kSharedMaskBytes = 46 * 1024;
 constexpr int64_t kMaskBudgetWords = int64_t{16} << 20;
 
 struct MarginArgs {
-  MarginParams p;      // device operands; p.weight and p.block_loss unused (below)
+  MarginParams p;      // device operands; p.weight, p.block_loss and p.device_call unused (below)
   const void* weight;  // Acc (D) class weights on the device, or nullptr
-  double* row_loss;    // mean / sum: each row's loss, summed per block of rows afterwards
+  double* row_loss;    // mean / sum: each row's loss, summed afterwards (margin_reduce_kernel)
   unsigned* mask;      // multilabel_margin: a bitmask over the classes per group in flight (nullptr: in shared memory)
   int64_t mask_words;  // words per mask
+  const unsigned long long* bad;  // the target check's record (nonzero: a bad target; write nothing), or nullptr
+  const void* grad_scalar;        // mean / sum backward: the upstream scalar (Acc) on the device, or nullptr
+  bool mean;                      // with grad_scalar: divided by the rows
 };
 
 // The rows a group of G threads visits (G = 32: the block's warps take rows of their own; G = kThreads: the block
@@ -123,6 +129,19 @@ __device__ void put_loss(const MarginArgs& a, int64_t r, Acc loss) {
   if (a.row_loss != nullptr) a.row_loss[r] = static_cast<double>(loss);
 }
 
+// Row r's upstream gradient: the device scalar (over the rows for 'mean') where the call has one, else core's.
+template <class Acc>
+__device__ Acc upstream(const MarginArgs& a, int64_t r) {
+  if (a.grad_scalar != nullptr) {
+    const auto g = static_cast<double>(*static_cast<const Acc*>(a.grad_scalar));
+    return static_cast<Acc>(a.mean ? g / static_cast<double>(a.p.rows) : g);
+  }
+  return core::margin_upstream<Acc>(a.p, r);
+}
+
+// Whether the target check found a bad target (the kernels that read class targets then write nothing).
+__device__ bool flagged(const MarginArgs& a) { return a.bad != nullptr && *a.bad != 0; }
+
 // Element c of view v's row r (offset `row` of that row).
 struct RowAt {
   int64_t row, inner;
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) triplet_kernel(const MarginArgs a) {
       continue;
     }
     const Acc z = margin + d_ap - d_neg;
-    const Acc k = z > Acc(0) ? core::margin_upstream<Acc>(p, r) : Acc(0);
+    const Acc k = z > Acc(0) ? upstream<Acc>(a, r) : Acc(0);
     const math::SwapWeights<Acc> sw = math::triplet_swap_weights(swap, d_an, d_pn);
     const Acc k_an = k * sw.an, k_pn = k * sw.pn;
     // p = inf: the elements attaining each max (and NaNs) share its gradient
@@ -223,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) cosine_kernel(const MarginArgs a) {
       put_loss<G>(a, r, math::cosine_loss(cr.cos, margin, y));
       continue;
     }
-    const Acc k = math::cosine_dloss_dcos(cr.cos, margin, y) * core::margin_upstream<Acc>(p, r);
+    const Acc k = math::cosine_dloss_dcos(cr.cos, margin, y) * upstream<Acc>(a, r);
     const Acc ka = k * cr.inv_den, kb1 = k * cr.cos_m1, kb2 = k * cr.cos_m2;
     const RowAt g1 = row_at(p, core::kMvG0, r), g2 = row_at(p, core::kMvG1, r);
     for (int64_t c = Gr::lane(); c < p.D; c += G) {
@@ -244,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) multi_margin_kernel(const MarginArgs
   const int64_t C = p.D;
   const auto* w = static_cast<const Acc*>(a.weight);
   const Acc margin = static_cast<Acc>(p.margin), nan = static_cast<Acc>(NAN);
+  if (flagged(a)) return;
   for (int64_t r = Gr::slot(); r < p.rows; r += Gr::step()) {
     const RowAt x = row_at(p, core::kMvX0, r), g = row_at(p, core::kMvG0, r);
     const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r));
@@ -266,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) multi_margin_kernel(const MarginArgs
       put_loss<G>(a, r, sum[0] / static_cast<Acc>(C));
       continue;
     }
-    const Acc coef = core::margin_upstream<Acc>(p, r) * w_y / static_cast<Acc>(C);
+    const Acc coef = upstream<Acc>(a, r) * w_y / static_cast<Acc>(C);
     Acc total[1] = {0};
     for (int64_t c = Gr::lane(); c < C; c += G) {
       const Acc h = coef * math::hinge_slope(math::hinge_z(margin, x_y, ld<T>(p.x[0], x(c))), P);
@@ -296,6 +316,7 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
   unsigned* mask = a.mask != nullptr ? a.mask + Gr::slot() * a.mask_words
                                      : shared_masks + static_cast<int64_t>(threadIdx.x / G) * a.mask_words;
   auto is_label = [&](int64_t c) { return ((mask[c / 32] >> (c % 32)) & 1u) != 0; };
+  if (flagged(a)) return;
   for (int64_t r = Gr::slot(); r < p.rows; r += Gr::step()) {
     const RowAt x = row_at(p, core::kMvX0, r), t = row_at(p, core::kMvTarget, r), g = row_at(p, core::kMvG0, r);
     auto target = [&](int64_t k) { return core::read_target(p.target, p.target_dtype, t(k)); };
@@ -310,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
     group_reduce<G>(labels, Min{});
     const int64_t L = labels[0];
     Gr::sync();  // the mask is clear
-    int bad[1] = {0};
+    int bad[1] = {L < C && Gr::lane() == 0 && target(L) != -1 ? 1 : 0};  // ended by a value below -1
     for (int64_t k = Gr::lane(); k < L; k += G) {
       const int64_t j = target(k);
       if (j >= C) {
@@ -341,7 +362,7 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
       group_reduce<G>(sum, Sum{});
       put_loss<G>(a, r, sum[0] / static_cast<Acc>(C));
     } else {
-      const Acc gc = core::margin_upstream<Acc>(p, r) / static_cast<Acc>(C);
+      const Acc gc = upstream<Acc>(a, r) / static_cast<Acc>(C);
       for (int64_t i = Gr::lane(); i < C; i += G) {  // a non-label element: its pairs with every listing
         if (is_label(i)) continue;
         const Acc xi = ld<T>(p.x[0], x(i));
@@ -385,7 +406,7 @@ __global__ void __launch_bounds__(kThreads) soft_margin_kernel(const MarginArgs 
       put_loss<G>(a, r, sum[0] / static_cast<Acc>(C));  // C = 0: 0/0 = nan, as torch's sum / C
       continue;
     }
-    const Acc k = core::margin_upstream<Acc>(p, r) / static_cast<Acc>(C);
+    const Acc k = upstream<Acc>(a, r) / static_cast<Acc>(C);
     const RowAt gx = row_at(p, core::kMvG0, r), gt = row_at(p, core::kMvG1, r);
     for (int64_t c = Gr::lane(); c < C; c += G) {
       const Acc xv = ld<T>(p.x[0], x(c)), kw = k * (w != nullptr ? w[c] : Acc(1));
@@ -395,44 +416,121 @@ __global__ void __launch_bounds__(kThreads) soft_margin_kernel(const MarginArgs 
   }
 }
 
+// ---- device-call steps: the target check and the reduction ---------------------------------------------------
+
+// The first bad class target in row-major order over the rows x per_row targets (per_row 1: class_index, in [0, D);
+// D: label_list, in [-1, D)), kept as total - its index by an integer atomicMax (0: none).
+__global__ void __launch_bounds__(kThreads)
+    margin_check_kernel(const MarginParams p, bool labels, unsigned long long* rec) {
+  const int64_t per_row = labels ? p.D : 1, total = p.rows * per_row, lo = labels ? -1 : 0;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / per_row, c = e - r * per_row;
+    const int64_t t =
+        core::read_target(p.target, p.target_dtype, p.index.offset(core::kMvTarget, r) + c * p.inner[core::kMvTarget]);
+    if (t < lo || t >= p.D) {
+      atomicMax(rec, static_cast<unsigned long long>(total - e));  // this thread's later elements come after
+      return;
+    }
+  }
+}
+
+// 'mean' / 'sum': the rows' losses summed in a fixed order (each thread its strided share, then the block's tree)
+// into the one-element output, over the rows for 'mean' (of nothing: 0 / 0 = NaN, as the CPU). A flagged call
+// writes nothing.
+template <class Acc>
+__global__ void __launch_bounds__(kThreads)
+    margin_reduce_kernel(const double* row_loss, int64_t rows, const unsigned long long* bad, bool mean, Acc* loss) {
+  if (bad != nullptr && *bad != 0) return;
+  double s = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) s += row_loss[r];
+  s = block_reduce<kThreads>(s, Plus{});
+  if (threadIdx.x == 0) *loss = static_cast<Acc>(mean ? s / static_cast<double>(rows) : s);
+}
+
 // ---- launch ---------------------------------------------------------------------------------------------------
 
-// Runs one loss's kernel over p's rows: launch(g, grid, shared_bytes, args), g std::integral_constant<int, G>.
-// `operands`: the loss's inputs, target and gradients (nullptr: absent), its device pointers, named. Class weights go
-// to the device; a reduced forward's row losses are summed per block into p.block_loss; `labels`: a label mask per
-// group in flight, in shared memory where the block's fit kSharedMaskBytes, else in device scratch (the grid
-// then capped so that the masks fit kMaskBudgetWords). Returns once the device is done.
+// Runs one loss's device call (core makes every call on a device one, core::MarginDeviceCall): the class weights
+// converted on the device, the target check (its record read back by an eager call: 8 bytes, one synchronisation;
+// nothing under stream capture, where a bad target's row is NaN), then launch(g, grid, shared_bytes, args), g
+// std::integral_constant<int, G>, and a reduced forward's sum into the loss. `operands`: the loss's inputs, target
+// and gradients (nullptr: absent), its device pointers, named. `labels`: a label mask per group in flight, in shared
+// memory where the block's fit kSharedMaskBytes, else in device scratch (the grid then capped so that the masks fit
+// kMaskBudgetWords). Nothing else waits for the device.
 template <class T, class Launch>
 void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels, const char* what, Launch&& launch) {
   using Acc = math::AccOf<T>;
-  if (p.rows == 0) return;
-  operands.emplace_back(p.loss_rows, "loss");
-  operands.emplace_back(p.grad_loss, "grad_loss");
+  core::MarginDeviceCall& call = *p.device_call;
+  const bool reduced = !p.backward && call.reduction != Reduction::none;
+  const bool checking = call.check != core::MarginCheck::none;
+  const bool grads = p.grad[0] != nullptr || p.grad[1] != nullptr || p.grad[2] != nullptr;
+  if ((p.rows == 0 || (p.backward && !grads)) && !reduced && !checking) return;
+  operands.insert(operands.end(), {{p.loss_rows, "loss"},
+                                   {p.grad_loss, "grad_loss"},
+                                   {call.loss, "loss"},
+                                   {call.grad_scalar, "grad_loss"},
+                                   {call.weight, "weight"}});
   const DeviceScope scope(operands);
-  const bool warp_rows = p.D <= kWarpRow;
-  const int64_t per_block = warp_rows ? kThreads / 32 : 1;
-  int64_t blocks = std::min<int64_t>((p.rows + per_block - 1) / per_block, int64_t{1} << 30);
-  const int64_t words = labels ? (p.D + 31) / 32 : 0;
-  const bool shared = per_block * words * 4 <= kSharedMaskBytes;
-  if (!shared) blocks = std::clamp<int64_t>(kMaskBudgetWords / (words * per_block), 1, blocks);
-  const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.D) : 0);
-  const bool reduced = p.block_loss != nullptr;
-  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
-  const Scratch<unsigned> mask(shared ? 0 : static_cast<std::size_t>(blocks * per_block * words));
-  MarginArgs a{p, upload(static_cast<const Acc*>(p.weight), static_cast<std::size_t>(p.D), wbuf), rows_loss.get(),
-               mask.get(), words};
-  a.p.weight = nullptr;
-  a.p.block_loss = nullptr;
-  const auto grid = static_cast<unsigned>(blocks);
-  const auto shared_bytes = static_cast<std::size_t>(shared ? per_block * words * 4 : 0);
-  if (warp_rows) {
-    launch(std::integral_constant<int, 32>{}, grid, shared_bytes, a);
-  } else {
-    launch(std::integral_constant<int, kThreads>{}, grid, shared_bytes, a);
+  const bool capturing = stream_capturing();
+  const bool scanning = checking && p.rows > 0 && !capturing;
+  const Scratch<unsigned long long> record(scanning ? 1 : 0);
+  if (scanning) {
+    check(cudaMemsetAsync(record.get(), 0, sizeof(unsigned long long), stream()), "cudaMemsetAsync (check record)");
+    const int64_t total = p.rows * (call.check == core::MarginCheck::label_list ? p.D : 1);
+    margin_check_kernel<<<static_cast<unsigned>(std::clamp<int64_t>((total + kThreads - 1) / kThreads, 1, 4096)),
+                          kThreads, 0, stream()>>>(p, call.check == core::MarginCheck::label_list, record.get());
+    check(cudaGetLastError(), "margin_check_kernel");
   }
-  check(cudaGetLastError(), what);
-  if (reduced) finish_blocks(rows_loss.get(), p.rows, p.rows_per_block, p.block_loss);
+  const unsigned long long* bad = scanning ? record.get() : nullptr;
+  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
+  if (p.rows > 0 && (!p.backward || grads)) {
+    const bool warp_rows = p.D <= kWarpRow;
+    const int64_t per_block = warp_rows ? kThreads / 32 : 1;
+    int64_t blocks = std::min<int64_t>((p.rows + per_block - 1) / per_block, int64_t{1} << 30);
+    const int64_t words = labels ? (p.D + 31) / 32 : 0;
+    const bool shared = per_block * words * 4 <= kSharedMaskBytes;
+    if (!shared) blocks = std::clamp<int64_t>(kMaskBudgetWords / (words * per_block), 1, blocks);
+    const Scratch<Acc> weights(call.weight != nullptr ? static_cast<std::size_t>(p.D) : 0);
+    if (call.weight != nullptr) weights_to_acc<Acc>(call.weight, call.weight_dtype, call.weight_stride, p.D, weights.get());
+    const Scratch<unsigned> mask(shared ? 0 : static_cast<std::size_t>(blocks * per_block * words));
+    MarginArgs a{p,     weights.get(), rows_loss.get(),  mask.get(),
+                 words, bad,           call.grad_scalar, call.reduction == Reduction::mean};
+    a.p.weight = nullptr;
+    a.p.block_loss = nullptr;
+    a.p.device_call = nullptr;
+    const auto grid = static_cast<unsigned>(blocks);
+    const auto shared_bytes = static_cast<std::size_t>(shared ? per_block * words * 4 : 0);
+    if (warp_rows) {
+      launch(std::integral_constant<int, 32>{}, grid, shared_bytes, a);
+    } else {
+      launch(std::integral_constant<int, kThreads>{}, grid, shared_bytes, a);
+    }
+    check(cudaGetLastError(), what);
+  }
+  if (reduced) {
+    margin_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(rows_loss.get(), p.rows, bad,
+                                                            call.reduction == Reduction::mean,
+                                                            static_cast<Acc*>(call.loss));
+    check(cudaGetLastError(), "margin_reduce_kernel");
+  }
+  if (bad == nullptr) return;
+  unsigned long long found = 0;
+  check(cudaMemcpyAsync(&found, record.get(), sizeof found, cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync (check record)");
   check(cudaStreamSynchronize(stream()), what);
+  if (found == 0) return;
+  const int64_t per_row = call.check == core::MarginCheck::label_list ? p.D : 1;
+  const int64_t e = p.rows * per_row - static_cast<int64_t>(found);
+  call.bad_row = e / per_row;
+  call.bad_col = e - call.bad_row * per_row;
+  const std::size_t bytes = dtype_size(p.target_dtype);
+  unsigned char value[8] = {};
+  const auto* at = static_cast<const unsigned char*>(p.target) +
+                   (p.index.offset(core::kMvTarget, call.bad_row) + call.bad_col * p.inner[core::kMvTarget]) *
+                       static_cast<int64_t>(bytes);
+  check(cudaMemcpyAsync(value, at, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (bad target)");
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
+  call.bad_value = core::read_target(value, p.target_dtype, 0);
 }
 
 template <class F>

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lossfuse/device.hpp"
+#include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
 
 namespace lossfuse::cuda {
@@ -134,6 +135,11 @@ const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
         "cudaMemcpyAsync (to device)");
   return buf.get();
 }
+
+// The caller's n class weights (any floating dtype, `stride` elements apart) into out (Acc, device), on the calling
+// thread's stream, as core::load_weights converts them (backend.cu; float and double).
+template <class Acc>
+void weights_to_acc(const void* w, DType dtype, std::int64_t stride, std::int64_t n, Acc* out);
 
 // 'mean' / 'sum': rows_dev's `rows` per-row values summed per block of per_block rows in row order (the CPU
 // backend's order), copied into the host array host_blocks; complete once the entry synchronises the stream.

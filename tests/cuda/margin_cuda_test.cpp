@@ -5,6 +5,7 @@
 // device every test is skipped (main exits 77).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,37 +50,103 @@ INSTANTIATE_TEST_SUITE_P(TargetDtypes, MarginCuda, ::testing::ValuesIn(target_sp
 INSTANTIATE_TEST_SUITE_P(Edge, MarginCuda, ::testing::ValuesIn(edge_specs()), spec_name);
 INSTANTIATE_TEST_SUITE_P(LongRows, MarginCuda, ::testing::ValuesIn(long_row_specs()), spec_name);
 
-// A class target out of range in device memory: index_error naming its position and value (core scans a host copy),
-// and neither the loss nor the gradient written.
+// A class target out of range in device memory: index_error naming its position and value (the device call's check,
+// read back), and neither the loss nor the gradient written; a backward asking for no gradient still checks.
+// multilabel_margin: a label past the list's end (-1) counts too, as does a value below -1.
 TEST(MarginCudaErrors, BadTargetNamesThePositionAndWritesNothing) {
-  for (LossKind kind : {LossKind::multi_margin, LossKind::multilabel_margin}) {
-    SCOPED_TRACE(kind_name(kind));
+  struct Case {
+    LossKind kind;
+    Reduction red;
+    std::int64_t at, value;
+    const char* where;
+  };
+  for (const Case& c : {Case{LossKind::multi_margin, Reduction::sum, 4, 9, "9 at position [4]"},
+                        Case{LossKind::multi_margin, Reduction::none, 0, -1, "-1 at position [0]"},
+                        Case{LossKind::multilabel_margin, Reduction::sum, 4 * 9 + 2, 9, "9 at position [4, 2]"},
+                        Case{LossKind::multilabel_margin, Reduction::mean, 5 * 9 + 8, -2, "-2 at position [5, 8]"}}) {
+    SCOPED_TRACE(kind_name(c.kind) + " " + c.where);
     Spec s;
-    s.kind = kind, s.shape = {6, 9}, s.red = Reduction::sum;
+    s.kind = c.kind, s.shape = {6, 9}, s.red = c.red;
     Problem p = build(s);
-    p.target->set_int(kind == LossKind::multi_margin ? 4 : 4 * 9 + 2, 9);
-    Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+    p.target->set_int(c.at, c.value);
+    Tensor loss = Tensor::make(p.acc(), loss_shape(p), Layout::contiguous, kSentinel);
     Tensor grad = Tensor::make(s.dt, s.shape, Layout::contiguous, kSentinel);
     const auto loss_before = loss.storage, grad_before = grad.storage;
     Mirror m(&kCuda);
     const Views v = views(m, p);
-    const std::string where = kind == LossKind::multi_margin ? "9 at position [4]" : "9 at position [4, 2]";
-    try {
-      call_forward(p, v, m(loss));
-      ADD_FAILURE() << "no error for a target of 9";
-    } catch (const lossfuse::Error& e) {
-      EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error);
-      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
-    }
     const std::optional<TensorView> g[3] = {m(grad), std::nullopt, std::nullopt};
-    EXPECT_THROW(call_backward(p, v, g), lossfuse::Error);
+    const std::optional<TensorView> none[3];
+    for (int entry = 0; entry < 3; ++entry) {
+      try {
+        if (entry == 0) call_forward(p, v, m(loss));
+        if (entry == 1) call_backward(p, v, g);
+        if (entry == 2) call_backward(p, v, none);
+        ADD_FAILURE() << "entry " << entry << ": no error";
+      } catch (const lossfuse::Error& e) {
+        EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error);
+        EXPECT_NE(std::string(e.what()).find(c.where), std::string::npos) << e.what();
+      }
+    }
     m.download();
     EXPECT_TRUE(loss.storage == loss_before) << "loss written despite the error";
     EXPECT_TRUE(grad.storage == grad_before) << "gradient written despite the error";
   }
 }
 
-// The same reduced call twice gives the same bits (a fixed combining order per row, rows summed in order).
+// Each loss's reduced forward and backward (a weighted 'mean', the upstream scalar in device memory) captured into a
+// CUDA graph (run_captured: no host synchronisation) give the eager calls' bits; under capture nothing is read back,
+// so a bad class target makes the loss NaN instead of an error.
+TEST(MarginCudaGraph, CapturedCallsMatchEager) {
+  for (LossKind kind : kKinds)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(kind_name(kind) + " " + dname(dt));
+      Spec s;
+      s.kind = kind, s.dt = dt, s.shape = {64, 300}, s.red = Reduction::mean, s.weight = true, s.swap = true;
+      Problem p = build(s);
+      auto bits = [&](bool captured) {
+        Outputs out;
+        out.loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+        Mirror m(&kCuda);
+        const Views v = views(m, p);
+        std::optional<TensorView> g[3];
+        out.grads.resize(3);
+        for (int k = 0; k < num_grads(kind); ++k) {
+          if (!s.want_grad[k]) continue;
+          out.grads[k] = Tensor::make(dt, s.shape, Layout::contiguous, kSentinel);
+          g[k] = m(*out.grads[k]);
+        }
+        const TensorView loss = m(out.loss);
+        auto call = [&] {
+          call_forward(p, v, loss);
+          call_backward(p, v, g);
+        };
+        if (captured) {
+          run_captured(call);
+        } else {
+          call();
+        }
+        m.download();
+        std::vector<std::uint8_t> b = out.loss.storage;
+        for (const auto& t : out.grads) {
+          if (t) b.insert(b.end(), t->storage.begin(), t->storage.end());
+        }
+        return b;
+      };
+      const auto eager = bits(false);
+      EXPECT_TRUE(bits(true) == eager) << "the captured calls' bits differ from the eager calls'";
+      if (kind != LossKind::multi_margin && kind != LossKind::multilabel_margin) continue;
+      p.target->set_int(kind == LossKind::multi_margin ? 7 : 7 * 300, 300);
+      Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+      Mirror m(&kCuda);
+      const Views v = views(m, p);
+      const TensorView lv = m(loss);
+      run_captured([&] { call_forward(p, v, lv); });
+      m.download();
+      EXPECT_TRUE(std::isnan(loss.get(0))) << "a bad target under capture";
+    }
+}
+
+// The same reduced call twice gives the same bits (a fixed combining order per row, rows summed in a fixed tree).
 TEST(MarginCudaDeterminism, BitwiseAcrossRuns) {
   for (LossKind kind : kKinds)
     for (const std::vector<std::int64_t>& shape : {std::vector<std::int64_t>{300, 37}, {7, 3001}}) {
