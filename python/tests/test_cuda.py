@@ -230,12 +230,12 @@ def test_graph_capture_forward_matches_eager():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_graph_capture_training_steps_match_eager(dtype):
-    """Training steps (forward and backward) captured in a CUDA graph: cross_entropy (its eager C++ node, separate and
-    in place, and (N, C, d) logits through the autograd.Function road: each scales the held gradient on the device,
-    cross_entropy_scale_held) and the elementwise losses (forward and backward ops then); the replay gives the eager
-    gradients. float16 takes GradScaler's default scale, 65536, which a
-    scale rounded to float16 first would turn into inf."""
-    scale = 65536.0 if dtype == torch.float16 else 2.5
+    """Training steps (forward and backward) captured in a CUDA graph: cross_entropy (its eager C++ node, separate, in
+    place and with (N, C, d) logits, and probability targets through the autograd.Function road: each scales the held
+    gradient on the device, cross_entropy_scale_held) and the elementwise losses (forward and backward ops then); the
+    replay gives the eager gradients. float16 takes the largest power-of-two upstream gradient its losses hold, 32768
+    (GradScaler's 65536 is inf in float16; its losses are float32 under autocast)."""
+    scale = 32768.0 if dtype == torch.float16 else 2.5
     x = torch.randn(64, 5000, device="cuda", dtype=dtype)
     t = torch.randint(0, 5000, (64,), device="cuda")
     t[3] = -100
@@ -244,6 +244,7 @@ def test_graph_capture_training_steps_match_eager(dtype):
     t3[1, 2] = -100
     y = torch.rand(64, 5000, device="cuda", dtype=dtype)
     p = torch.rand(64, 5000, device="cuda", dtype=dtype).clamp(0.05, 0.95)
+    probs = torch.rand(64, 5000, device="cuda").softmax(1).to(dtype)
 
     def grads(loss_of, operand):
         leaf = operand.clone().requires_grad_()
@@ -254,6 +255,7 @@ def test_graph_capture_training_steps_match_eager(dtype):
         "cross_entropy": lambda: grads(lambda a: LF.cross_entropy(a, t), x),
         "cross_entropy_inplace": lambda: grads(lambda a: LF.cross_entropy(a * 1, t, inplace=True), x),
         "cross_entropy_3d": lambda: grads(lambda a: LF.cross_entropy(a, t3), x3),
+        "cross_entropy_soft": lambda: grads(lambda a: LF.cross_entropy(a, probs), x),
         "mse_loss": lambda: grads(lambda a: LF.mse_loss(a, y), x),
         "binary_cross_entropy": lambda: grads(lambda a: LF.binary_cross_entropy(a, y), p),
         "gaussian_nll_loss": lambda: grads(lambda a: LF.gaussian_nll_loss(a, y, y + 0.5), x),
@@ -266,19 +268,26 @@ def test_graph_capture_training_steps_match_eager(dtype):
 
 
 @pytest.mark.parametrize("upstream", [1.0, 65536.0])
-@pytest.mark.parametrize("road", ["separate", "inplace", "3d"])
+@pytest.mark.parametrize("road", ["separate", "inplace", "3d", "soft"])
 def test_cross_entropy_backward_reads_nothing_back(road, upstream):
-    """An eager cross_entropy training step's backward (the C++ node, separate and in place, and the autograd.Function
-    road of (N, C, d) logits) makes no synchronising torch call: torch's sync debug mode raises on one (item(), a host
-    copy). The gradients are the float64 ones rounded to bfloat16 (within an ulp), the ignored rows 0."""
+    """An eager cross_entropy training step's backward (the C++ node, separate, in place and with (N, C, d) logits;
+    probability targets through the autograd.Function road) makes no synchronising torch call: torch's sync debug
+    mode raises on one (item(), a host copy). A read-back inside lossfuse fails the captured steps instead
+    (test_graph_capture_training_steps_match_eager). The gradients are the float64 ones rounded to bfloat16 (within
+    an ulp), the ignored rows 0."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     shape, tshape = ((16, 300, 4), (16, 4)) if road == "3d" else ((64, 3000), (64,))
     x0 = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-    t = torch.randint(0, shape[1], tshape, device="cuda", generator=gen)
-    t.view(-1)[::7] = -100
+    if road == "soft":
+        t = torch.rand(shape, device="cuda", generator=gen).softmax(1).to(torch.bfloat16)
+    else:
+        t = torch.randint(0, shape[1], tshape, device="cuda", generator=gen)
+        t.view(-1)[::7] = -100
     leaf = x0.clone().requires_grad_()
     a = leaf * 1 if road == "inplace" else leaf
     loss = LF.cross_entropy(a, t, inplace=road == "inplace")
+    node = type(loss.grad_fn).__name__
+    assert ("cross_entropyBackward" in node) == (road == "soft"), node  # the road asked for
     scaled = loss * upstream if upstream != 1.0 else loss
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -287,9 +296,10 @@ def test_cross_entropy_backward_reads_nothing_back(road, upstream):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     x64 = x0.double().requires_grad_()
-    (want,) = torch.autograd.grad(F.cross_entropy(x64, t) * upstream, x64)
-    ignored = (t == -100).unsqueeze(1).expand_as(want)
-    assert torch.equal(leaf.grad[ignored], torch.zeros_like(leaf.grad[ignored]))
+    (want,) = torch.autograd.grad(F.cross_entropy(x64, t.double() if road == "soft" else t) * upstream, x64)
+    if road != "soft":
+        ignored = (t == -100).unsqueeze(1).expand_as(want)
+        assert torch.equal(leaf.grad[ignored], torch.zeros_like(leaf.grad[ignored]))
     torch.testing.assert_close(leaf.grad.double(), want, rtol=2 ** -7, atol=1e-12 * upstream)
 
 

@@ -321,26 +321,25 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
     const RowAt x = row_at(p, core::kMvX0, r), t = row_at(p, core::kMvTarget, r), g = row_at(p, core::kMvG0, r);
     auto target = [&](int64_t k) { return core::read_target(p.target, p.target_dtype, t(k)); };
     for (int64_t wi = Gr::lane(); wi < a.mask_words; wi += G) mask[wi] = 0;
-    int64_t labels[1] = {C};  // the position of the first -1
+    // The position of the first negative value (-1 ends the list), and whether any value of the row, also past the
+    // end, lies outside [-1, C): refused by core eagerly; under capture (no check read back) a NaN row.
+    int64_t labels[1] = {C};
+    int bad[1] = {0};
     for (int64_t k = Gr::lane(); k < C; k += G) {
-      if (target(k) < 0) {
-        labels[0] = k;
-        break;
-      }
+      const int64_t v = target(k);
+      if (v < 0 && k < labels[0]) labels[0] = k;
+      bad[0] |= (v < -1 || v >= C) ? 1 : 0;
     }
     group_reduce<G>(labels, Min{});
+    group_reduce<G>(bad, Sum{});
     const int64_t L = labels[0];
     Gr::sync();  // the mask is clear
-    int bad[1] = {L < C && Gr::lane() == 0 && target(L) != -1 ? 1 : 0};  // ended by a value below -1
-    for (int64_t k = Gr::lane(); k < L; k += G) {
-      const int64_t j = target(k);
-      if (j >= C) {
-        bad[0] = 1;  // refused by core: a NaN row
-      } else {
+    if (bad[0] == 0) {
+      for (int64_t k = Gr::lane(); k < L; k += G) {
+        const int64_t j = target(k);
         atomicOr(mask + j / 32, 1u << (j % 32));
       }
     }
-    group_reduce<G>(bad, Sum{});
     Gr::sync();  // the mask is set
     const Acc nan = static_cast<Acc>(NAN);
     if (bad[0] != 0) {  // no element of the row is read

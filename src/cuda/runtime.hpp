@@ -2,8 +2,8 @@
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
 // (include/lossfuse/device.hpp; default: the legacy default stream); the entries synchronise that stream before they
 // return (core reads the block partials on the host), but for the device calls of cross-entropy, NLL
-// (core::CeDeviceCall) and the elementwise losses (core::PwDeviceCall), which read back at most one value and, under
-// stream capture, none.
+// (core::CeDeviceCall), the elementwise losses (core::PwDeviceCall) and the margin losses (core::MarginDeviceCall),
+// which read back at most one value and, under stream capture, none.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/margin_harness.hpp"
@@ -95,7 +96,7 @@ TEST(MarginCudaErrors, BadTargetNamesThePositionAndWritesNothing) {
 
 // Each loss's reduced forward and backward (a weighted 'mean', the upstream scalar in device memory) captured into a
 // CUDA graph (run_captured: no host synchronisation) give the eager calls' bits; under capture nothing is read back,
-// so a bad class target makes the loss NaN instead of an error.
+// so a bad class target makes the loss NaN instead of an error (multilabel_margin: also one past the list's end).
 TEST(MarginCudaGraph, CapturedCallsMatchEager) {
   for (LossKind kind : kKinds)
     for (DType dt : {DType::f32, DType::bf16}) {
@@ -135,14 +136,22 @@ TEST(MarginCudaGraph, CapturedCallsMatchEager) {
       const auto eager = bits(false);
       EXPECT_TRUE(bits(true) == eager) << "the captured calls' bits differ from the eager calls'";
       if (kind != LossKind::multi_margin && kind != LossKind::multilabel_margin) continue;
-      p.target->set_int(kind == LossKind::multi_margin ? 7 : 7 * 300, 300);
-      Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
-      Mirror m(&kCuda);
-      const Views v = views(m, p);
-      const TensorView lv = m(loss);
-      run_captured([&] { call_forward(p, v, lv); });
-      m.download();
-      EXPECT_TRUE(std::isnan(loss.get(0))) << "a bad target under capture";
+      // multi_margin: row 7's class; multilabel_margin: a label of row 7, then a value past row 9's terminating -1
+      const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> edits =
+          kind == LossKind::multi_margin ? std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>{{{7, 300}}}
+                                         : std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>{
+                                               {{7 * 300, 300}}, {{9 * 300, -1}, {9 * 300 + 5, -4}}};
+      for (const auto& edit : edits) {
+        Problem q = build(s);
+        for (const auto& [at, value] : edit) q.target->set_int(at, value);
+        Tensor loss = Tensor::make(q.acc(), {}, Layout::contiguous, kSentinel);
+        Mirror m(&kCuda);
+        const Views v = views(m, q);
+        const TensorView lv = m(loss);
+        run_captured([&] { call_forward(q, v, lv); });
+        m.download();
+        EXPECT_TRUE(std::isnan(loss.get(0))) << "a bad target under capture (" << edit.back().second << ")";
+      }
     }
 }
 
