@@ -154,9 +154,9 @@ void set_grad_scale(CeParams& p, Reduction reduction, const std::optional<Tensor
   if (reduction == Reduction::mean) p.grad_scale /= denominator;
 }
 
-void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
-                     Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
-                     const TensorView* loss, const TensorView* z_loss) {
+CeDeviceCall make_device_call(const std::optional<TensorView>& weight, Reduction reduction, bool split_mean,
+                              const std::optional<TensorView>& grad_loss, const TensorView* loss,
+                              const TensorView* z_loss) {
   CeDeviceCall call;
   if (weight) {
     call.weight = weight->data;
@@ -165,13 +165,19 @@ void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::opt
   }
   call.reduction = reduction;
   call.split_mean = split_mean;
-  if (reduction == Reduction::none) {
-    p.grad_loss = grad_loss ? grad_loss->data : nullptr;
-  } else {
+  if (reduction != Reduction::none) {
     call.grad_scalar = grad_loss ? grad_loss->data : nullptr;
     call.loss = loss != nullptr ? loss->data : nullptr;
     call.z_loss = z_loss != nullptr ? z_loss->data : nullptr;
   }
+  return call;
+}
+
+void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
+                     Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
+                     const TensorView* loss, const TensorView* z_loss) {
+  CeDeviceCall call = make_device_call(weight, reduction, split_mean, grad_loss, loss, z_loss);
+  if (reduction == Reduction::none) p.grad_loss = grad_loss ? grad_loss->data : nullptr;
   p.device_call = &call;
   entry(p);
   p.device_call = nullptr;

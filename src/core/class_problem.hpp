@@ -72,9 +72,14 @@ std::vector<Acc> host_class_weights(const std::optional<TensorView>& weight, con
   return {};
 }
 
-// A device backend's call (CeDeviceCall): fills p.device_call from the class weights, the reduction, the upstream
-// gradient (a per-row pointer for none, the scalar's for mean / sum) and the reduced outputs (loss, z_loss: nullptr
-// when not wanted; used for mean / sum), runs `entry` and throws the index_error of a bad target it found.
+// A device backend's call (CeDeviceCall) from the class weights, the reduction, the upstream scalar (mean / sum) and
+// the reduced outputs (loss, z_loss: nullptr when not wanted; used for mean / sum).
+CeDeviceCall make_device_call(const std::optional<TensorView>& weight, Reduction reduction, bool split_mean,
+                              const std::optional<TensorView>& grad_loss, const TensorView* loss,
+                              const TensorView* z_loss);
+
+// Runs `entry` on p with make_device_call's call (p.grad_loss: the per-row upstream pointer for none) and throws the
+// index_error of a bad target it found.
 void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
                      Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
                      const TensorView* loss, const TensorView* z_loss);

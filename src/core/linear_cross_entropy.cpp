@@ -1,6 +1,6 @@
 // Fused linear + cross-entropy entries: every argument checked and the targets scanned once, before anything is
 // written; then the backend's runner (src/core/linear_cross_entropy_params.hpp) makes the chunks' logits, their
-// cross-entropy and the gradients; the loss is reduced here.
+// cross-entropy and the gradients; the loss is reduced here (off the CPU the runner scans and reduces on its device).
 #include "lossfuse/linear_cross_entropy.hpp"
 
 #include <algorithm>
@@ -200,11 +200,31 @@ core::LceParams params(const Problem& p, const TensorView& x, const TensorView& 
   return lp;
 }
 
+// Off the CPU the runner takes every host step below (LceParams::device_call); a bad target it found is thrown here.
+void run_on_device(const core::Backend& be, core::LceParams& lp, const LinearCrossEntropyOptions& o,
+                   const std::optional<TensorView>& grad_loss, const TensorView* loss, const TensorView* z_loss) {
+  const CrossEntropyOptions& ce = o.ce;
+  core::CeDeviceCall call = core::make_device_call(
+      ce.weight, ce.reduction, ce.label_smoothing != 0 || ce.z_loss_scale != 0, grad_loss, loss, z_loss);
+  lp.device_call = &call;
+  be.linear_cross_entropy(lp);
+  if (call.bad_row < 0) return;
+  core::RowIndex idx;
+  core::set_row_view(idx, 0, *lp.target, -1);
+  throw core::bad_target_error(idx, call.bad_row, call.bad_value, lp.problem.V, ce.ignore_index);
+}
+
 template <class Acc>
 void forward(const core::Backend& be, const Problem& p, const TensorView& x, const TensorView& w,
              const std::optional<TensorView>& b, const TensorView& target, const LinearCrossEntropyOptions& o,
              const CrossEntropyOutputs& out, const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
+  if (p.pb.device != Device::cpu) {
+    core::LceParams lp = params(p, x, w, b, target, o, g, wts);
+    lp.out = &out;
+    run_on_device(be, lp, o, std::nullopt, &out.loss, out.z_loss ? &*out.z_loss : nullptr);
+    return;
+  }
   const Denominator denom = scan<Acc>(p, target, o, wts);
   std::vector<Acc> loss(static_cast<std::size_t>(p.N)), zl(loss.size());
   std::vector<double> lse(loss.size());
@@ -232,6 +252,14 @@ void backward(const core::Backend& be, const Problem& p, const TensorView& x, co
               const std::optional<TensorView>& grad_loss, const LinearCrossEntropyOptions& o,
               const LinearCrossEntropyGrads& g) {
   std::vector<Acc> wts;
+  if (p.pb.device != Device::cpu) {
+    core::LceParams lp = params(p, x, w, b, target, o, g, wts);
+    lp.backward = true;
+    lp.lse_in = &lse_in;
+    lp.grad_loss = grad_loss && o.ce.reduction == Reduction::none ? &*grad_loss : nullptr;
+    run_on_device(be, lp, o, grad_loss, nullptr, nullptr);
+    return;
+  }
   const Denominator denom = scan<Acc>(p, target, o, wts);
   std::vector<double> lse(static_cast<std::size_t>(p.N));
   std::vector<Acc> scale(lse.size());
@@ -285,22 +313,32 @@ CeParams lce_chunk_params(const LceParams& p, CeMode mode, std::int64_t r0, std:
   }
   const bool grad = mode != CeMode::forward;
   std::optional<TensorView> gl;
-  if (grad) {
+  if (grad && p.device_call == nullptr) {
     const auto* s = static_cast<const char*>(scale) + r0 * static_cast<std::int64_t>(dtype_size(pb.acc));
     gl = TensorView::contiguous(const_cast<char*>(s), pb.acc, {rc}, pb.device);
+  } else if (grad && p.grad_loss != nullptr && p.options->ce.reduction == Reduction::none) {
+    gl = *p.grad_loss;
+    gl->shape[0] = rc;
+    if (rc > 0) {
+      gl->data = static_cast<char*>(gl->data) + r0 * gl->strides[0] * static_cast<std::int64_t>(dtype_size(pb.acc));
+    }
   }
   const CrossEntropyOptions& o = p.options->ce;
   CeParams cp;
   cp.mode = mode;
   fill_layout(cp, pb, z, tgt, grad ? &z : nullptr, gl);
-  cp.weight = p.class_weight;
-  cp.sum_w = lce_class_weight_sum(p);
   cp.scale = o.logit_scale;
   cp.softcap = o.softcap;
   cp.eps = o.label_smoothing;
   cp.z_loss_scale = o.z_loss_scale;
   cp.ignore_index = o.ignore_index;
   cp.lse_f64 = true;
+  if (p.device_call != nullptr) {
+    cp.grad_loss = gl ? gl->data : nullptr;
+    return cp;
+  }
+  cp.weight = p.class_weight;
+  cp.sum_w = lce_class_weight_sum(p);
   if (grad) set_grad_scale(cp, Reduction::none, gl, 1.0);
   return cp;
 }

@@ -39,7 +39,15 @@ struct LceParams {
   void* z_rows = nullptr;              // Acc (N), forward only
   double* lse_rows = nullptr;          // (N): each row's lse, max + log-sum summed in double
   const void* scale = nullptr;         // Acc (N): the upstream gradient of each row's loss term (grads only)
-  // loss_rows, z_rows, lse_rows and scale are host arrays whatever the device; every view lives on x's device.
+  // loss_rows, z_rows, lse_rows and scale are host arrays; every view lives on x's device.
+
+  // A device runner's whole call, set by core off the CPU: the runner reads the class weights, scans the targets
+  // (CeDeviceCall: weights, reduction, upstream scalar, reduced outputs, the first bad target out) and writes every
+  // output below on its device; class_weight, loss_rows, z_rows, lse_rows and scale are unused (nullptr) then.
+  CeDeviceCall* device_call = nullptr;
+  const CrossEntropyOutputs* out = nullptr;  // forward: loss ('none': its rows), lse, z_loss, as the caller gave them
+  const TensorView* lse_in = nullptr;        // backward: the saved lse, Acc or float64, (N) at any stride
+  const TensorView* grad_loss = nullptr;     // backward, reduction 'none': Acc (N) at any stride; nullptr: 1
 };
 
 // The sum of the class weights (V when unweighted), in double.
@@ -48,7 +56,8 @@ double lce_class_weight_sum(const LceParams& p);
 // The cross-entropy kernel's params for rows [r0, r0 + rc) whose logits are the contiguous rc x V Acc block `logits`
 // on the operands' device: reduction 'none', the gradient written over the logits when `mode` has one, row r's
 // upstream gradient scale[r] (an N-element Acc array on that device, from row 0; grads only), the lse in double.
-// The row outputs and lse_in are the runner's to set. Untiled chunks only.
+// With a device call: no class weights and no scale (the call's record has them), 'none''s upstream gradient from
+// p.grad_loss's rows. The row outputs and lse_in are the runner's to set. Untiled chunks only.
 CeParams lce_chunk_params(const LceParams& p, CeMode mode, std::int64_t r0, std::int64_t rc, void* logits,
                           const void* scale);
 

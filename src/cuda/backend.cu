@@ -1,4 +1,4 @@
-// The CUDA backend's table: every loss family (src/cuda/kernels.hpp), and the block sums their reduced forwards share.
+// The CUDA backend's table: every loss family (src/cuda/kernels.hpp), its scratch pool and the class-weight conversion.
 // The elementwise losses' value checks scan host copies (core), so value_scan is never given device memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,16 +48,6 @@ cudaMemPool_t scratch_pool() {
 
 namespace {
 
-__global__ void block_sums_kernel(const double* rows, std::int64_t n, std::int64_t per_block, std::int64_t blocks,
-                                  double* out) {
-  const std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= blocks) return;
-  double s = 0;
-  const std::int64_t end = n < (b + 1) * per_block ? n : (b + 1) * per_block;
-  for (std::int64_t r = b * per_block; r < end; ++r) s += rows[r];
-  out[b] = s;
-}
-
 // The caller's class weights (any floating dtype and stride) in Acc, as core::load_weights converts them.
 template <class Acc>
 __global__ void weights_kernel(const void* w, DType dtype, std::int64_t stride, std::int64_t n, Acc* out) {
@@ -88,17 +78,6 @@ void weights_to_acc(const void* w, DType dtype, std::int64_t stride, std::int64_
 template void weights_to_acc<float>(const void*, DType, std::int64_t, std::int64_t, float*);
 template void weights_to_acc<double>(const void*, DType, std::int64_t, std::int64_t, double*);
 
-void finish_blocks(const double* rows_dev, std::int64_t rows, std::int64_t per_block, double* host_blocks) {
-  const std::int64_t blocks = (rows + per_block - 1) / per_block;
-  if (blocks == 0) return;
-  const Scratch<double> out(static_cast<std::size_t>(blocks));
-  block_sums_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream()>>>(rows_dev, rows, per_block,
-                                                                                       blocks, out.get());
-  check(cudaGetLastError(), "block_sums_kernel");
-  check(cudaMemcpyAsync(host_blocks, out.get(), static_cast<std::size_t>(blocks) * sizeof(double),
-                        cudaMemcpyDeviceToHost, stream()),
-        "cudaMemcpyAsync (loss blocks)");
-}
 
 }  // namespace lossfuse::cuda
 

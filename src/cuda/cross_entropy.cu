@@ -7,9 +7,9 @@
 // second read of the row and writes the gradient (over the logits when in place: each element is read before the
 // same thread writes it). Row losses for 'mean' / 'sum' go to a double per row. Class targets are read in their own
 // integer dtype, and a target the kernel finds out of range makes its row NaN, never an out-of-bounds read.
-// Two roads (CeParams::device_call): core's calls scan the targets and reduce on the device (ce_scan_kernel,
-// reduce_rows_kernel: fixed trees, the same bits on every run, not the CPU's summation order); the fused linear
-// runner's chunks take core's host steps, the row sums per fixed block of rows in row order, as on the CPU.
+// One road, the device call (CeParams::device_call, CeDeviceRows): the targets are scanned and the loss reduced on
+// the device (ce_scan_kernel, reduce_rows_kernel: fixed trees, the same bits on every run, not the CPU's summation
+// order), for core's calls in one launch of the row kernel and for the fused linear runner's chunks in several.
 // Accumulation in float32 (float64 for float64 logits); exp is the hardware's (__expf, a few ulp relative error at
 // the arguments <= 0 used here).
 #include <cuda_bf16.h>
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -746,12 +747,6 @@ class DeviceSteps {
   Scratch<long long> part_n_;
 };
 
-// Class weights to the device in Acc (core keeps them on the host, zero padded to a multiple of 64).
-template <class Acc>
-const Acc* upload_weights(const CeParams& p, const Scratch<Acc>& buf) {
-  return upload(static_cast<const Acc*>(p.weight), static_cast<std::size_t>(p.classes), buf);
-}
-
 // The runtime flags as template arguments: soft targets imply the sums.
 template <class T, bool... kFlags>
 void launch_ce_as(unsigned grid, int threads, const CeKernelArgs<T>& a) {
@@ -787,30 +782,6 @@ bool keeps_row(const CeParams& p, int threads) {
          p.classes * static_cast<int64_t>(sizeof(T)) <= int64_t{16} * kKeepVectors * (threads - 1);
 }
 
-template <class T>
-void ce_run_device(const CeParams& p) {
-  using Acc = math::AccOf<T>;
-  const bool reduced = p.device_call->loss != nullptr || p.device_call->z_loss != nullptr;
-  if (p.rows == 0 && !reduced) return;
-  const DeviceScope scope(operands(p, "logits"));
-  DeviceSteps<Acc> steps(p);
-  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
-  if (p.rows > 0) {
-    CeKernelArgs<T> a{p,
-                      steps.weights(),
-                      rows_loss.get(),
-                      reduced ? rows_loss.get() + p.rows : nullptr,
-                      steps.scan(),
-                      steps.skip_bad()};
-    a.p.device_call = nullptr;
-    const int threads = row_threads(p.classes);
-    launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keeps_row<T>(p, threads), row_grid(p.rows), threads, a);
-    check_launch("ce_rows_kernel");
-  }
-  if (reduced) steps.reduce(rows_loss.get(), rows_loss.get() + p.rows, p.rows);
-  steps.finish(p);
-}
-
 // A held gradient scaled on the stream: nothing is read back (core passes no empty call).
 template <class T>
 void ce_scale(const CeParams& p) {
@@ -824,31 +795,7 @@ void ce_scale(const CeParams& p) {
 }
 
 template <class T>
-void ce_run(const CeParams& p) {
-  using Acc = math::AccOf<T>;
-  if (p.mode == CeMode::scale) return ce_scale<T>(p);
-  if (p.device_call != nullptr) return ce_run_device<T>(p);
-  if (p.rows == 0) return;
-  const DeviceScope scope(operands(p, "logits"));
-  const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
-  const bool reduced = p.block_loss != nullptr;
-  const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0);
-  CeKernelArgs<T> a{
-      p, upload_weights<Acc>(p, wbuf), rows_loss.get(), reduced ? rows_loss.get() + p.rows : nullptr, nullptr, false};
-  a.p.weight = nullptr;
-  a.p.block_loss = a.p.block_zloss = nullptr;
-  const int threads = row_threads(p.classes);
-  launch_ce<T>(p.soft, p.softcap > 0, p.eps != 0.0, keeps_row<T>(p, threads), row_grid(p.rows), threads, a);
-  check_launch("ce_rows_kernel");
-  if (reduced) {
-    finish_blocks(a.row_loss, p.rows, p.rows_per_block, p.block_loss);
-    finish_blocks(a.row_zloss, p.rows, p.rows_per_block, p.block_zloss);
-  }
-  check(cudaStreamSynchronize(stream()), "cross_entropy kernels");
-}
-
-template <class T>
-void nll_run_device(const CeParams& p) {
+void nll_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   const bool reduced = p.device_call->loss != nullptr;
   if (p.rows == 0 && !reduced) return;
@@ -872,31 +819,6 @@ void nll_run_device(const CeParams& p) {
   steps.finish(p);
 }
 
-template <class T>
-void nll_run(const CeParams& p) {
-  using Acc = math::AccOf<T>;
-  if (p.device_call != nullptr) return nll_run_device<T>(p);
-  if (p.rows == 0) return;
-  const DeviceScope scope(operands(p, "input"));
-  const Scratch<Acc> wbuf(p.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0);
-  const Acc* w = upload_weights<Acc>(p, wbuf);
-  CeParams q = p;
-  q.weight = nullptr;
-  q.block_loss = q.block_zloss = nullptr;
-  if (p.mode == CeMode::forward) {
-    const bool reduced = p.block_loss != nullptr;
-    const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
-    nll_forward_kernel<T>
-        <<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(q, w, rows_loss.get(), nullptr, false);
-    check_launch("nll_forward_kernel");
-    if (reduced) finish_blocks(rows_loss.get(), p.rows, p.rows_per_block, p.block_loss);
-  } else {
-    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, w, nullptr, false);
-    check_launch("nll_backward_kernel");
-  }
-  check(cudaStreamSynchronize(stream()), "nll kernels");
-}
-
 template <class F>
 void visit(DType dtype, F&& f) {
   math::visit_float_storage<__nv_bfloat16, __half>(dtype, [&](auto tag) { f(tag); });
@@ -904,8 +826,80 @@ void visit(DType dtype, F&& f) {
 
 }  // namespace
 
+struct CeDeviceRows::Impl {
+  explicit Impl(const CeParams& p)
+      : whole(p),
+        reduced(p.device_call->loss != nullptr || p.device_call->z_loss != nullptr),
+        row_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0) {
+    if (p.dtype == DType::f64) {
+      f64 = std::make_unique<DeviceSteps<double>>(p);
+    } else {
+      f32 = std::make_unique<DeviceSteps<float>>(p);
+    }
+  }
+  template <class Acc>
+  DeviceSteps<Acc>& steps() {
+    if constexpr (std::is_same_v<Acc, double>) {
+      return *f64;
+    } else {
+      return *f32;
+    }
+  }
+  const CeParams whole;
+  const bool reduced;
+  Scratch<double> row_loss;  // reduced: each row's loss, then each row's z-loss
+  std::unique_ptr<DeviceSteps<float>> f32;
+  std::unique_ptr<DeviceSteps<double>> f64;
+};
+
+CeDeviceRows::CeDeviceRows(const CeParams& whole) : impl_(std::make_unique<Impl>(whole)) {}
+CeDeviceRows::~CeDeviceRows() = default;
+
+void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) {
+  if (chunk.rows == 0) return;
+  visit(chunk.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DeviceSteps<math::AccOf<T>>& steps = impl_->steps<math::AccOf<T>>();
+    double* rl = impl_->reduced ? impl_->row_loss.get() + r0 : nullptr;
+    CeKernelArgs<T> a{chunk, steps.weights(), rl, rl != nullptr ? rl + impl_->whole.rows : nullptr,
+                      steps.scan(), steps.skip_bad()};
+    a.p.device_call = nullptr;
+    const int threads = row_threads(chunk.classes);
+    launch_ce<T>(chunk.soft, chunk.softcap > 0, chunk.eps != 0.0, keeps_row<T>(chunk, threads), row_grid(chunk.rows),
+                 threads, a);
+  });
+  check_launch("ce_rows_kernel");
+}
+
+void CeDeviceRows::reduce() {
+  if (!impl_->reduced) return;
+  const int64_t n = impl_->whole.rows;
+  const double* rl = impl_->row_loss.get();
+  if (impl_->f64) {
+    impl_->f64->reduce(rl, rl + n, n);
+  } else {
+    impl_->f32->reduce(rl, rl + n, n);
+  }
+}
+
+bool CeDeviceRows::check() {
+  if (impl_->f64) {
+    impl_->f64->finish(impl_->whole);
+  } else {
+    impl_->f32->finish(impl_->whole);
+  }
+  return impl_->whole.device_call->bad_row < 0;
+}
+
 void cross_entropy_rows(const CeParams& p) {
-  visit(p.dtype, [&](auto tag) { ce_run<decltype(tag)>(p); });
+  if (p.mode == CeMode::scale) return visit(p.dtype, [&](auto tag) { ce_scale<decltype(tag)>(p); });
+  const bool reduced = p.device_call->loss != nullptr || p.device_call->z_loss != nullptr;
+  if (p.rows == 0 && !reduced) return;
+  const DeviceScope scope(operands(p, "logits"));
+  CeDeviceRows call(p);
+  call.rows(p, 0);
+  call.reduce();
+  call.check();
 }
 
 void nll_rows(const CeParams& p) {

@@ -1,9 +1,13 @@
 // The CUDA backend's kernel entries (src/cuda/backend.cu puts them in its table). Each takes the params core
-// filled: operands and row outputs in device memory; class weights (p.weight) and the mean / sum block partials
-// (p.block_loss, p.block_zloss) in host memory, as for the CPU (but for the device calls, core::CeDeviceCall and
-// core::PwDeviceCall: every step on the device). They return once the device has finished (a device call: once its
-// work is queued, and its one read-back done where it has one) and throw Error(device_error) when a CUDA call fails.
+// filled: operands and outputs in device memory. Cross-entropy, NLL, the elementwise and margin losses and the fused
+// linear loss are device calls (core::CeDeviceCall, core::PwDeviceCall, core::MarginDeviceCall, LceParams::
+// device_call: every step on the device); CTC takes host arrays (CtcParams). Entries return once their work is
+// queued and their one read-back done where they have one (CTC: once the device has finished), and throw
+// Error(device_error) when a CUDA call fails.
 #pragma once
+
+#include <cstdint>
+#include <memory>
 
 #include "core/cross_entropy_params.hpp"
 #include "core/ctc_params.hpp"
@@ -13,8 +17,30 @@
 
 namespace lossfuse::cuda {
 
-void cross_entropy_rows(const core::CeParams& p);  // src/cuda/cross_entropy.cu
-void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu
+void cross_entropy_rows(const core::CeParams& p);  // src/cuda/cross_entropy.cu: a device call, or CeMode::scale
+void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu: a device call
+
+// A cross-entropy device call (whole.device_call) whose rows run in one launch or several (the fused linear runner's
+// chunks; src/cuda/cross_entropy.cu). Construction queues the class weights and the scan of every target of `whole`
+// (its mode, targets, layout and options; no logits). rows(): the row kernel over rows [r0, r0 + chunk.rows) of
+// whole, whose logits, gradient and row outputs chunk holds. reduce(): the mean / sum outputs, once every row ran.
+// check(): reads the first bad target back into the call (one synchronisation; none under stream capture, where a
+// bad row is NaN instead) and returns whether there was none. Eager, nothing is written after a bad target.
+class CeDeviceRows {
+ public:
+  explicit CeDeviceRows(const core::CeParams& whole);
+  ~CeDeviceRows();
+  CeDeviceRows(const CeDeviceRows&) = delete;
+  CeDeviceRows& operator=(const CeDeviceRows&) = delete;
+  void rows(const core::CeParams& chunk, std::int64_t r0);
+  void reduce();
+  bool check();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 void pointwise_run(const core::PwParams& p);       // src/cuda/pointwise.cu
 void ctc_run_samples(const core::CtcParams& p);    // src/cuda/ctc.cu: host arrays and nll as CtcParams says
 // src/cuda/margin.cu
@@ -23,7 +49,7 @@ void cosine_embedding_rows(const core::MarginParams& p);
 void multi_margin_rows(const core::MarginParams& p);
 void multilabel_margin_rows(const core::MarginParams& p);
 void multilabel_soft_margin_rows(const core::MarginParams& p);
-// The fused linear loss's runner (src/cuda/linear_cross_entropy.cu): row arrays in host memory (LceParams); the
+// The fused linear loss's runner (src/cuda/linear_cross_entropy.cu): a device call (LceParams::device_call), the
 // products on cuBLAS. Throws Error(not_implemented) for vocabulary tiles and views cuBLAS cannot take, before writing.
 void linear_cross_entropy_run(const core::LceParams& p);
 

@@ -1,17 +1,21 @@
 // The CUDA runner of the fused linear cross-entropy (src/core/linear_cross_entropy_params.hpp): the CPU runner's
-// chunk-major way on the device. Per chunk of rows: the logits (rc x V, Acc) made by one cuBLAS GEMM (plus the bias),
-// reduced and turned into their gradient in place by the cross-entropy kernel (cross_entropy_rows, through
-// core::lce_chunk_params), rounded once to 16 bits for 16-bit inputs, then multiplied into the chunk's dx rows (one
-// GEMM, written) and into dW (float32 accumulation over the chunks: beta 1 after the first); db sums the gradient's
-// columns in double, in row order. No floating-point atomics: the same bits on every run on one stream (cuBLAS's
-// reproducibility guarantee for a given GPU and library). Vocabulary tiles are not served here (refused before
-// anything is written). cuBLAS is loaded at first use (dlopen), so the library links nothing beyond the CUDA runtime.
+// chunk-major way on the device, as one device call (LceParams::device_call). First the class weights and the scan of
+// every target (CeDeviceRows); an eager call reads back its first bad target there, before anything is written, and
+// synchronises nowhere else. Per chunk of rows: the logits (rc x V, Acc) made by one cuBLAS GEMM (plus the bias),
+// reduced and turned into their gradient in place by the cross-entropy row kernel, rounded once to 16 bits for 16-bit
+// inputs, then multiplied into the chunk's dx rows (one GEMM, written) and into dW (float32 accumulation over the
+// chunks: beta 1 after the first); db sums the gradient's columns in double, in row order; 'mean' / 'sum' are summed
+// on the device in a fixed tree. No floating-point atomics: the same bits on every run on one stream (cuBLAS's
+// reproducibility guarantee for a given GPU and library); capturable in a CUDA graph, where a bad target's row is
+// NaN. Vocabulary tiles are not served here (refused before anything is written). cuBLAS is loaded at first use
+// (dlopen), so the library links nothing beyond the CUDA runtime.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -191,6 +195,12 @@ __global__ void store_kernel(const S* src, int64_t rows, int64_t cols, T* dst, i
   }
 }
 
+// dst[e] = src[e stride] in double.
+template <class S>
+__global__ void gather_kernel(const S* src, int64_t n, int64_t stride, double* dst) {
+  LF_GRID_STRIDE(e, n) { dst[e] = static_cast<double>(src[e * stride]); }
+}
+
 #undef LF_GRID_STRIDE
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
@@ -211,12 +221,37 @@ const char* at_rows(const TensorView& t, int64_t r0) {
   return static_cast<const char*>(t.data) + r0 * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
+// The saved lse as the chunks' kernel reads it: the caller's when contiguous, else gathered into `buf` in double.
+template <class Acc>
+const void* lse_for_kernel(const TensorView& lse, const Scratch<double>& buf, bool& f64) {
+  const int64_t n = lse.shape[0];
+  f64 = lse.dtype == DType::f64;
+  if (n <= 1 || lse.strides[0] == 1) return lse.data;
+  f64 = true;
+  if (lse.dtype == DType::f64) {
+    gather_kernel<<<grid_for(n), kThreads, 0, stream()>>>(static_cast<const double*>(lse.data), n, lse.strides[0],
+                                                          buf.get());
+  } else {
+    gather_kernel<<<grid_for(n), kThreads, 0, stream()>>>(static_cast<const Acc*>(lse.data), n, lse.strides[0],
+                                                          buf.get());
+  }
+  check_launch("gather_kernel");
+  return buf.get();
+}
+
+// Acc element i of a contiguous Acc output, or nullptr.
+template <class Acc>
+Acc* at_row(const std::optional<TensorView>& t, int64_t i) {
+  return t ? static_cast<Acc*>(t->data) + i : nullptr;
+}
+
 template <class Acc>
 void run(const core::LceParams& lp) {
   const core::LceProblem& P = lp.problem;
   const LinearCrossEntropyOptions& o = *lp.options;
   const LinearCrossEntropyGrads& g = *lp.grads;
   const TensorView &x = *lp.x, &w = *lp.w;
+  const CrossEntropyOutputs* out = lp.out;
   if (P.tiled) {
     throw Error(ErrorCode::not_implemented, "vocab_tile", "0 on cuda (vocabulary tiles run on the cpu)",
                 std::to_string(o.vocab_tile));
@@ -228,45 +263,52 @@ void run(const core::LceParams& lp) {
                 "rows at a stride of at least H on cuda (a cuBLAS leading dimension)",
                 "stride " + std::to_string((bad_x ? x : w).strides[0]));
   }
+  const auto data = [](const auto& t) -> const void* { return t ? t->data : nullptr; };
   const DeviceScope scope({{x.data, "x"},
                            {w.data, "weight"},
                            {lp.b != nullptr ? lp.b->data : nullptr, "bias"},
                            {lp.target->data, "target"},
-                           {g.x ? g.x->data : nullptr, "grad_x"},
-                           {g.w ? g.w->data : nullptr, "grad_weight"},
-                           {g.b ? g.b->data : nullptr, "grad_bias"}});
+                           {data(o.ce.weight), "class_weight"},
+                           {out != nullptr ? out->loss.data : nullptr, "loss"},
+                           {out != nullptr ? data(out->lse) : nullptr, "lse"},
+                           {out != nullptr ? data(out->z_loss) : nullptr, "z_loss"},
+                           {lp.lse_in != nullptr ? lp.lse_in->data : nullptr, "lse"},
+                           {lp.grad_loss != nullptr ? lp.grad_loss->data : nullptr, "grad_loss"},
+                           {lp.device_call->grad_scalar, "grad_loss"},
+                           {data(g.x), "grad_x"},
+                           {data(g.w), "grad_weight"},
+                           {data(g.b), "grad_bias"}});
   const int64_t N = P.N, H = P.H, V = P.V, R = lp.chunk_rows;
   const DType acc = P.pb.acc, dt = P.dt;
   const bool grads = g.x || g.w || g.b, products = (g.x || g.w) && H > 0;
-  if (lp.backward && !grads) return;  // a backward asked for no gradient: nothing to write
+  const core::CeMode mode = lp.backward ? core::CeMode::backward
+                            : grads     ? core::CeMode::forward_backward
+                                        : core::CeMode::forward;
+  // The class weights and the targets' scan first: an eager call reads back its first bad target (the one
+  // synchronisation) before anything is written; a backward asked for no gradient still checks them, as the CPU's.
+  CeDeviceRows ce(core::lce_chunk_params(lp, mode, 0, N, nullptr, nullptr));
+  if (!ce.check() || (lp.backward && !grads)) return;
   // dx rows straight from their GEMM (in x's dtype) where cuBLAS takes the view; dW accumulates in place only in a
   // float32 (float64) grad_weight of unit stride along H.
   const bool dx_direct = g.x && leading_dim(*g.x) >= 0 && (H <= 1 || g.x->strides[1] == 1);
   const bool dw_direct = g.w && g.w->dtype == acc && leading_dim(*g.w) >= 0 && (H <= 1 || g.w->strides[1] == 1);
 
-  // A throw mid-call (a failed cuBLAS call or launch) still waits for the work queued on the caller's tensors.
-  struct SyncOnExit {
-    ~SyncOnExit() { (void)cudaStreamSynchronize(stream()); }
-  } sync_on_exit;
   const auto n = [](int64_t v) { return static_cast<std::size_t>(v); };
   const Scratch<Acc> logits(n(R * V));
   const Scratch<std::uint16_t> g16(products && dt != acc ? n(R * V) : 0);
   const Scratch<Acc> dw_acc(g.w && !dw_direct ? n(V * H) : 0);
   const Scratch<Acc> dx_buf(g.x && !dx_direct ? n(R * H) : 0);
   const Scratch<double> db(g.b ? n(V) : 0);
-  const Scratch<Acc> scale(grads ? n(N) : 0);
-  const Scratch<double> lse(n(N));
-  const Scratch<Acc> loss(lp.backward ? 0 : n(N)), zl(lp.backward ? 0 : n(N));
+  const bool lse_gathered = lp.backward && N > 1 && lp.lse_in->strides[0] != 1;
+  const Scratch<double> lse_buf(lse_gathered ? n(N) : 0);
+  bool lse_f64 = out != nullptr && out->lse && out->lse->dtype == DType::f64;
+  const void* lse_in = lp.backward ? lse_for_kernel<Acc>(*lp.lse_in, lse_buf, lse_f64) : nullptr;
+  const bool rows_out = out != nullptr && o.ce.reduction == Reduction::none;  // 'none': the loss rows themselves
   if (g.b) check(cudaMemsetAsync(db.get(), 0, n(V) * sizeof(double), stream()), "cudaMemsetAsync (db)");
-  if (grads) upload(static_cast<const Acc*>(lp.scale), n(N), scale);
-  if (lp.backward) upload(lp.lse_rows, n(N), lse);
 
   void* dw = dw_direct ? g.w->data : dw_acc.get();
   const int64_t ld_dw = dw_direct ? leading_dim(*g.w) : H;
   bool dw_started = false;
-  const core::CeMode mode = lp.backward ? core::CeMode::backward
-                            : grads     ? core::CeMode::forward_backward
-                                        : core::CeMode::forward;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rc = std::min(R, N - r0);
     if (H == 0) {
@@ -282,15 +324,19 @@ void run(const core::LceParams& lp) {
       });
       check_launch("add_bias_kernel");
     }
-    core::CeParams cp = core::lce_chunk_params(lp, mode, r0, rc, logits.get(), scale.get());
+    core::CeParams cp = core::lce_chunk_params(lp, mode, r0, rc, logits.get(), nullptr);
+    cp.lse_f64 = lse_f64;
+    const std::size_t lse_bytes = lse_f64 ? sizeof(double) : sizeof(Acc);
     if (lp.backward) {
-      cp.lse_in = lse.get() + r0;
+      cp.lse_in = static_cast<const char*>(lse_in) + n(r0) * lse_bytes;
     } else {
-      cp.loss_rows = loss.get() + r0;
-      cp.lse_rows = lse.get() + r0;
-      cp.zloss_rows = zl.get() + r0;
+      if (out->lse) cp.lse_rows = static_cast<char*>(out->lse->data) + n(r0) * lse_bytes;
+      if (rows_out) {
+        cp.loss_rows = static_cast<Acc*>(out->loss.data) + r0;
+        cp.zloss_rows = at_row<Acc>(out->z_loss, r0);
+      }
     }
-    cross_entropy_rows(cp);  // the gradient over the logits when `mode` has one
+    ce.rows(cp, r0);  // the gradient over the logits when `mode` has one
     if (!grads) continue;
     if (g.b) {
       column_sums_kernel<Acc><<<grid_for(V), kThreads, 0, stream()>>>(logits.get(), rc, V, db.get());
@@ -327,6 +373,7 @@ void run(const core::LceParams& lp) {
       dw_started = true;
     }
   }
+  ce.reduce();  // forward 'mean' / 'sum': the loss and z-loss
   if (g.w && H > 0) {  // no chunk (N = 0): zeros
     if (!dw_started) {
       store_2d<Acc>(nullptr, V, H, *g.w, g.w->strides[0], g.w->strides[1]);
@@ -335,15 +382,6 @@ void run(const core::LceParams& lp) {
     }
   }
   if (g.b) store_2d(db.get(), V, 1, *g.b, g.b->strides[0], 0);
-  if (!lp.backward && N > 0) {
-    check(cudaMemcpyAsync(lp.loss_rows, loss.get(), n(N) * sizeof(Acc), cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (loss rows)");
-    check(cudaMemcpyAsync(lp.z_rows, zl.get(), n(N) * sizeof(Acc), cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (z-loss rows)");
-    check(cudaMemcpyAsync(lp.lse_rows, lse.get(), n(N) * sizeof(double), cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (lse rows)");
-  }
-  check(cudaStreamSynchronize(stream()), "linear_cross_entropy");
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // The CUDA backend's runtime helpers: error checks that become lossfuse::Error, the calling thread's stream, and
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
-// (include/lossfuse/device.hpp; default: the legacy default stream); the entries synchronise that stream before they
-// return (core reads the block partials on the host), but for the device calls of cross-entropy, NLL
-// (core::CeDeviceCall), the elementwise losses (core::PwDeviceCall) and the margin losses (core::MarginDeviceCall),
-// which read back at most one value and, under stream capture, none.
+// (include/lossfuse/device.hpp; default: the legacy default stream). The device calls (cross-entropy, NLL and the
+// fused linear loss: core::CeDeviceCall; the elementwise losses: core::PwDeviceCall; the margin losses:
+// core::MarginDeviceCall) read back at most one value and, under stream capture, none; CTC synchronises the stream
+// before it returns (its per-sample losses come back to the host).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -140,10 +140,5 @@ const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
 // thread's stream, as core::load_weights converts them (backend.cu; float and double).
 template <class Acc>
 void weights_to_acc(const void* w, DType dtype, std::int64_t stride, std::int64_t n, Acc* out);
-
-// 'mean' / 'sum': rows_dev's `rows` per-row values summed per block of per_block rows in row order (the CPU
-// backend's order), copied into the host array host_blocks; complete once the entry synchronises the stream.
-void finish_blocks(const double* rows_dev, std::int64_t rows, std::int64_t per_block,
-                   double* host_blocks);  // backend.cu
 
 }  // namespace lossfuse::cuda

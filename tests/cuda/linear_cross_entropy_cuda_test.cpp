@@ -1,13 +1,16 @@
 // linear_cross_entropy_* on CUDA tensors against the float64 reference: the CPU suite's whole-row cases
 // (tests/core/lce_harness.hpp) run through device copies of every operand, both ways, plus what only the device
 // runner has: cuBLAS-sized products (chunks of auto and odd sizes), dx and dW written straight or through their
-// float32 buffers (strided gradients), an empty batch, vocabulary tiles and bad targets refused with nothing written,
-// and bitwise-repeatable results. Without a CUDA device every test is skipped (main exits 77).
+// float32 buffers (strided gradients), a saved lse of either dtype at any stride, an empty batch, vocabulary tiles
+// and bad targets refused with nothing written, graph capture, and bitwise-repeatable results. Without a CUDA device
+// every test is skipped (main exits 77).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/lce_harness.hpp"
@@ -115,23 +118,29 @@ TEST(LinearCeCudaEdge, EmptyBatchGivesNanMeanAndZeroGradients) {
 }
 
 // Refused before anything is written: vocabulary tiles (not served on CUDA) and a class index out of range (named
-// with its position and value, as on the CPU).
+// with its position and value, as on the CPU), in the forward (with a gradient) and in the backward.
 TEST(LinearCeCudaErrors, TilesAndBadTargetsWriteNothing) {
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     Case c;
     c.dt = DType::bf16;
     Data d = case_data(c);
-    if (which == 1) d.t.set_int(4, 11);
+    if (which != 0) d.t.set_int(4, 11);
     LinearCrossEntropyOptions o = options(c, d);
     if (which == 0) o.vocab_tile = 4;
     Tensor loss = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
     Tensor gx = Tensor::make(c.dt, {c.N, c.H}, Layout::contiguous, kSentinel);
+    Tensor lse = Tensor::make(DType::f32, {c.N});
+    for (std::int64_t i = 0; i < c.N; ++i) lse.set(i, 3.0);
     const auto sentinel_loss = loss.storage, sentinel_gx = gx.storage;
     Mirror m(&kCuda);
     try {
-      lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o,
-                                             CrossEntropyOutputs{m(loss), std::nullopt, std::nullopt},
-                                             LinearCrossEntropyGrads{m(gx), std::nullopt, std::nullopt});
+      const LinearCrossEntropyGrads g{m(gx), std::nullopt, std::nullopt};
+      if (which == 2) {
+        lossfuse::linear_cross_entropy_backward(m(d.x), m(d.w), m(d.b), m(d.t), m(lse), std::nullopt, o, g);
+      } else {
+        lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o,
+                                               CrossEntropyOutputs{m(loss), std::nullopt, std::nullopt}, g);
+      }
       ADD_FAILURE() << "no error";
     } catch (const lossfuse::Error& e) {
       if (which == 0) {
@@ -147,6 +156,104 @@ TEST(LinearCeCudaErrors, TilesAndBadTargetsWriteNothing) {
     EXPECT_TRUE(loss.storage == sentinel_loss) << "loss written despite the error";
     EXPECT_TRUE(gx.storage == sentinel_gx) << "grad_x written despite the error";
   }
+}
+
+// The backward reads a saved lse of float32 or float64, contiguous or strided (gathered first): the same gradient
+// bits as from the contiguous float32 lse the forward wrote, whose values each of them holds.
+TEST(LinearCeCudaEdge, BackwardFromAnySavedLse) {
+  Case c;
+  c.dt = DType::bf16, c.N = 41, c.H = 16, c.V = 300, c.chunk = 13, c.weight = true, c.eps = 0.1;
+  Data d = case_data(c);
+  Tensor lse = Tensor::make(DType::f32, {c.N});
+  {
+    Tensor loss = Tensor::make(DType::f32, {});
+    Mirror m(&kCuda);
+    LinearCrossEntropyOptions o = options(c, d);
+    o.ce.weight = m(d.cw);
+    lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), m(d.b), m(d.t), o,
+                                           CrossEntropyOutputs{m(loss), m(lse), std::nullopt});
+    m.download();
+  }
+  auto grads_from = [&](Tensor& saved) {
+    Tensor gx = Tensor::make(c.dt, {c.N, c.H}), gw = Tensor::make(DType::f32, {c.V, c.H});
+    Tensor gb = Tensor::make(DType::f32, {c.V}), gl = Tensor::make(DType::f32, {});
+    gl.set(0, 0.75);
+    Mirror m(&kCuda);
+    LinearCrossEntropyOptions o = options(c, d);
+    o.ce.weight = m(d.cw);
+    lossfuse::linear_cross_entropy_backward(m(d.x), m(d.w), m(d.b), m(d.t), m(saved), m(gl), o,
+                                            LinearCrossEntropyGrads{m(gx), m(gw), m(gb)});
+    m.download();
+    std::vector<std::uint8_t> bits = gx.storage;
+    bits.insert(bits.end(), gw.storage.begin(), gw.storage.end());
+    bits.insert(bits.end(), gb.storage.begin(), gb.storage.end());
+    return bits;
+  };
+  const auto want = grads_from(lse);
+  for (DType t : {DType::f32, DType::f64}) {
+    for (Layout l : {Layout::contiguous, Layout::padded}) {
+      if (t == DType::f32 && l == Layout::contiguous) continue;
+      SCOPED_TRACE(dname(t) + " " + layout_name(l));
+      Tensor saved = Tensor::make(t, {c.N}, l);
+      for (std::int64_t i = 0; i < c.N; ++i) saved.set(i, lse.get(i));
+      EXPECT_TRUE(grads_from(saved) == want) << "the gradient depends on how the lse was saved";
+    }
+  }
+}
+
+// The fused call and the two-way call (forward, then backward from the saved lse with an upstream gradient in device
+// memory) captured into a CUDA graph (run_captured: no host synchronisation) give the eager calls' bits, for 'mean'
+// and 'none'; under capture nothing is read back, so a bad class target makes the loss NaN instead of an error.
+TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Reduction red : {Reduction::mean, Reduction::none})
+      for (bool fused : {true, false}) {
+        Case c;
+        c.dt = t, c.N = 300, c.H = 96, c.V = 5003, c.chunk = 97, c.weight = true, c.eps = 0.05, c.zls = 0.001;
+        c.red = red;
+        SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
+        auto bits = [&](Data& d, bool captured) {
+          const std::vector<std::int64_t> ls =
+              red == Reduction::none ? std::vector<std::int64_t>{c.N} : std::vector<std::int64_t>{};
+          Tensor loss = Tensor::make(DType::f32, ls, Layout::contiguous, kSentinel);
+          Tensor zl = Tensor::make(DType::f32, ls, Layout::contiguous, kSentinel);
+          Tensor lse = Tensor::make(DType::f32, {c.N}, Layout::contiguous, kSentinel);
+          Tensor gx = Tensor::make(t, {c.N, c.H}, Layout::contiguous, kSentinel);
+          Tensor gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
+          Tensor gb = Tensor::make(DType::f32, {c.V}, Layout::contiguous, kSentinel);
+          Tensor gl = Tensor::make(DType::f32, ls);
+          for (std::int64_t i = 0; i < gl.numel(); ++i) gl.set(i, 0.5 + 0.01 * static_cast<double>(i));
+          Mirror m(&kCuda);
+          LinearCrossEntropyOptions o = options(c, d);
+          o.ce.weight = m(d.cw);
+          const TensorView x = m(d.x), w = m(d.w), b = m(d.b), tg = m(d.t), up = m(gl);
+          const CrossEntropyOutputs out{m(loss), m(lse), m(zl)};
+          const LinearCrossEntropyGrads g{m(gx), m(gw), m(gb)};
+          auto call = [&] {
+            if (fused) {
+              lossfuse::linear_cross_entropy_forward(x, w, b, tg, o, out, g);
+            } else {
+              lossfuse::linear_cross_entropy_forward(x, w, b, tg, o, out);
+              lossfuse::linear_cross_entropy_backward(x, w, b, tg, *out.lse, up, o, g);
+            }
+          };
+          if (captured) {
+            run_captured(call);
+          } else {
+            call();
+          }
+          m.download();
+          std::vector<std::uint8_t> v;
+          for (const Tensor* r : {&loss, &zl, &lse, &gx, &gw, &gb})
+            v.insert(v.end(), r->storage.begin(), r->storage.end());
+          return std::make_pair(v, loss.get(red == Reduction::none ? 4 : 0));
+        };
+        Data d = case_data(c);
+        const auto eager = bits(d, false);
+        EXPECT_TRUE(bits(d, true).first == eager.first) << "the captured calls' bits differ from the eager calls'";
+        d.t.set_int(4, c.V);
+        EXPECT_TRUE(std::isnan(bits(d, true).second)) << "a bad target under capture";
+      }
 }
 
 // No floating-point atomics: two runs give the same bits, both ways.
