@@ -105,4 +105,13 @@ void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, con
                                    const std::optional<TensorView>& grad_loss, const LinearCrossEntropyOptions& options,
                                    const LinearCrossEntropyGrads& grads);
 
+// Way 1's gradients (made by the forward for an upstream gradient of 1; reduction mean or sum) brought in place to
+// the upstream gradient grad_loss: one element of the accumulation dtype, read where it lives (on a device by the
+// kernels: nothing is read back). Each element times grad_loss in the accumulation dtype, rounded once. Kept as they
+// are, as torch's gradients there do not depend on the upstream value (NaN and inf included): grad_x's rows whose
+// target is ignore_index, and grad_weight and grad_bias when every row's is. Nothing is written when grad_loss is 1.
+// target and options.ce (reduction, ignore_index) as the forward's.
+void linear_cross_entropy_scale_held(const LinearCrossEntropyGrads& grads, const TensorView& target,
+                                     const LinearCrossEntropyOptions& options, const TensorView& grad_loss);
+
 }  // namespace lossfuse

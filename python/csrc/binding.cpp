@@ -4,7 +4,6 @@
 
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <mutex>
 #include <set>
 #include <string>
@@ -138,33 +137,6 @@ void rethrow(const Error& e) {
 
 namespace {
 
-// Brings a gradient computed with an upstream gradient of `applied` to one of `grad_output` (both one element),
-// in place, and records the new scale in `applied`. Costs nothing in the common case grad_output == applied
-// (a training step's loss.backward()); under CUDA-graph capture it multiplies on the device whatever the values
-// (a pass over the gradient, and no check of `applied`). The autograd of cross_entropy and linear_cross_entropy calls
-// it on a gradient made in the forward just before handing it over (once: a retained graph's next backward makes a new
-// one).
-void rescale_grad_(const at::Tensor& grad, const at::Tensor& applied, const at::Tensor& grad_output) {
-  TORCH_CHECK(applied.numel() == 1 && grad_output.numel() == 1,
-              "lossfuse: rescale_grad_: expected one-element scales, got ", applied.numel(), " and ",
-              grad_output.numel());
-  if (capturing(grad_output)) {  // a CUDA graph: nothing can be read back, so the scale is applied on the device
-    grad.mul_((grad_output / applied).reshape({1}));  // dimensioned: promotes, so one rounding
-    applied.copy_(grad_output);
-    return;
-  }
-  const double was = applied.item<double>();
-  const double want = grad_output.item<double>();
-  if (want == was) return;
-  if (was != 0.0 && std::isfinite(was)) {
-    grad.mul_(want / was);
-  } else {
-    TORCH_CHECK(false, "lossfuse: rescale_grad_: a gradient already scaled by ", was,
-                " cannot be rescaled; run backward through this loss once");
-  }
-  applied.fill_(want);
-}
-
 // How many distinct threads of torch's pool lossfuse::parallel_for runs `n` unit tasks on (grain 1): the test
 // that kernels really spread over torch.set_num_threads threads.
 std::int64_t parallel_threads(std::int64_t n) {
@@ -189,17 +161,11 @@ bool cuda_route() { return has_cuda(); }
 }  // namespace lossfuse::torch_binding
 
 TORCH_LIBRARY(lossfuse, m) {
-  m.def("rescale_grad_(Tensor(a!) grad, Tensor(b!) applied, Tensor grad_output) -> ()");
   m.def("_parallel_threads(int n) -> int");
   m.def("_empty_cache() -> ()");
   m.def("_catalog() -> str");
   m.def("_has_cuda() -> bool");
 }
-
-namespace {
-void register_kernels(torch::Library& m) { m.impl("rescale_grad_", &lossfuse::torch_binding::rescale_grad_); }
-}  // namespace
-LOSSFUSE_DEVICE_KERNELS(register_kernels)
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_parallel_threads", &lossfuse::torch_binding::parallel_threads);

@@ -157,10 +157,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   return {gx, gw, gb};
 }
 
+// The autograd road's hand-over (Python's linear_cross_entropy backward): the gradients the forward made for an
+// upstream gradient of 1 brought in place to grad_output (linear_cross_entropy_scale_held: nothing is read back).
+void linear_cross_entropy_scale_held_op(const std::optional<at::Tensor>& gx, const std::optional<at::Tensor>& gw,
+                                        const std::optional<at::Tensor>& gb, const at::Tensor& grad_output,
+                                        const at::Tensor& target, std::int64_t red, std::int64_t ignore_index) {
+  const std::optional<at::Tensor>& first = gx ? gx : gw ? gw : gb;
+  if (!first) return;
+  const at::Tensor up = acc_grad_output(grad_output, *first);
+  guarded_on(*first, [&] {
+    LinearCrossEntropyOptions o;
+    o.ce.reduction = reduction(red);
+    o.ce.ignore_index = ignore_index;
+    linear_cross_entropy_scale_held(
+        {view(gx, "grad_input"), view(gw, "grad_linear_weight"), view(gb, "grad_linear_bias")}, view(target, "target"),
+        o, view(up, "grad_output"));
+  });
+}
+
 }  // namespace
 }  // namespace lossfuse::torch_binding
 
 TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
+  // Internal: the chunked strategy's held gradients brought to grad_output in place (nothing is read back).
+  m.def(
+      "_linear_cross_entropy_scale_held_(Tensor(a!)? grad_input, Tensor(b!)? grad_linear_weight, "
+      "Tensor(c!)? grad_linear_bias, Tensor grad_output, Tensor target, int reduction, int ignore_index) -> ()");
   m.def(
       "linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, "
       "int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, float z_loss_scale, "
@@ -180,6 +202,7 @@ namespace {
 void register_kernels(torch::Library& m) {
   m.impl("linear_cross_entropy", &linear_cross_entropy);
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
+  m.impl("_linear_cross_entropy_scale_held_", &linear_cross_entropy_scale_held_op);
 }
 
 }  // namespace

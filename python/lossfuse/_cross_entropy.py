@@ -46,11 +46,6 @@ def _ce_bwd_fake(grad_output, input, target, lse, weight, reduction, ignore_inde
     return new_grad(input, True)
 
 
-@torch.library.register_fake("lossfuse::rescale_grad_")
-def _rescale_fake(grad, applied, grad_output):
-    return None
-
-
 @torch.library.register_fake("lossfuse::_cross_entropy_scale_held_")
 def _scale_held_fake(grad, grad_output, target, reduction, ignore_index):
     return None

@@ -12,7 +12,7 @@ from ._func import differentiable_grads, graph_needed
 from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad
 from ._protocol import overridable
 from ._register import ops, register_autograd
-from ._roads import is_eager, upstream_not_finite
+from ._roads import is_eager
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _torch_cross_entropy = torch.nn.functional.cross_entropy
@@ -58,6 +58,12 @@ def _lce_bwd_fake(grad_output, input, linear_weight, target, lse, linear_bias, w
             _bias_grad_fake(linear_bias, input, grad_mask[2]))
 
 
+@torch.library.register_fake("lossfuse::_linear_cross_entropy_scale_held_")
+def _lce_scale_held_fake(grad_input, grad_linear_weight, grad_linear_bias, grad_output, target, reduction,
+                         ignore_index):
+    return None
+
+
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight = inputs[:5]
     ctx.args = LinearCeOptions(*inputs[5:15])
@@ -68,9 +74,9 @@ def _lce_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.eager = None
     if ctx.precomputed and is_eager(loss):
-        # Gradients made in the forward for an upstream gradient of 1, each rescaled in place by the backward that
-        # hands it over (so kept outside save_for_backward's version check).
-        ctx.eager = [(g, torch.ones((), dtype=loss.dtype)) for g in (gx, gw, gb)]
+        # Gradients made in the forward for an upstream gradient of 1, each scaled in place by the backward that
+        # hands it over (so kept outside save_for_backward's version check); True: still held.
+        ctx.eager = [(g, True) for g in (gx, gw, gb)]
         gx = gw = gb = None
     ctx.save_for_backward(input, linear_weight, target, linear_bias, weight, lse, gx, gw, gb)
 
@@ -100,21 +106,21 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
             logits = torch.nn.functional.linear(x, w, b)
             return _reference_loss(logits, target, weight, ctx.args.ce)
         out = differentiable_grads(f, (input, linear_weight, linear_bias), wanted, grad_loss)
-    elif ctx.precomputed and not upstream_not_finite(grad_loss):
+    elif ctx.precomputed:
         held = ctx.eager if ctx.eager is not None else [(gx, None), (gw, None), (gb, None)]
         again = [False, False, False]
-        for i, (g, applied) in enumerate(held):
+        handed = [None, None, None]
+        for i, (g, eager) in enumerate(held):
             if not wanted[i]:
                 continue
-            if applied is None:
+            if eager is None:
                 out[i] = _scaled_traced(g, i, grad_loss, input, target, ctx.args.ignore_index)
             elif g is None:  # handed over by an earlier backward of a retained graph: computed anew below
                 again[i] = True
             else:
                 # handed over once: the caller owns it from now on (it may land in .grad and change there)
-                _ops.rescale_grad_(g, applied, grad_loss)
-                out[i] = g
-                held[i] = (None, applied)
+                out[i] = handed[i] = g
+                held[i] = (None, eager)
         if any(again):
             # new gradients from the same forward kernel (same mask), the same to the bit as the first (backward is
             # reentrant, as gradcheck checks), scaled the same way
@@ -122,11 +128,13 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
                                                                *ctx.args, ctx.grad_mask)[3:]
             for i in range(3):
                 if again[i]:
-                    _ops.rescale_grad_(computed[i], torch.ones_like(held[i][1]), grad_loss)
-                    out[i] = computed[i]
+                    out[i] = handed[i] = computed[i]
+        if any(h is not None for h in handed):
+            # on the device where the gradients live, nothing read back: no pass at an upstream gradient of 1; the
+            # ignored rows (and, with every row ignored, the weight's and bias's gradients) keep their values
+            _ops._linear_cross_entropy_scale_held_(*handed, grad_loss, target, ctx.args.reduction,
+                                                   ctx.args.ignore_index)
     else:
-        # also where the forward's gradients were made but the upstream gradient is NaN or inf (upstream_not_finite):
-        # they stay held for a later backward through a retained graph
         out = list(_ops.linear_cross_entropy_backward(grad_loss, input, linear_weight, target, lse, linear_bias,
                                                       weight, *ctx.args, wanted))
         out = [g if w else None for g, w in zip(out, wanted)]

@@ -1,7 +1,6 @@
 """The eager fast path: which road a call takes (plain eager with or without a gradient, traced, forward-mode),
 and the predicates it decides by."""
 
-import math
 import sys
 import threading
 
@@ -68,14 +67,6 @@ def eager_scalar(t):
             and not (t.is_cuda and torch.cuda.is_current_stream_capturing())):
         return t.item()
     return None
-
-
-def upstream_not_finite(grad_output):
-    """Whether a scalar upstream gradient is NaN or infinite (eager reads only). A gradient made in the forward for
-    an upstream gradient of 1 and scaled by such a value would make the ignored rows' zeros NaN (0 * NaN), where
-    torch keeps them 0: the backward then makes the gradient from the saved lse instead, which never scales them."""
-    v = eager_scalar(grad_output)
-    return v is not None and not math.isfinite(v)
 
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd

@@ -385,8 +385,8 @@ class _Rows:
 
 
 def register_vmap_rules():
-    """vmap rules for every public lossfuse op that returns tensors (not the in-place rescale_grad_, whose callers
-    are eager-only, nor the internal ops named with a leading underscore)."""
+    """vmap rules for every public lossfuse op that returns tensors (not the internal ops named with a leading
+    underscore)."""
     lib = torch.ops.lossfuse
     folds = {"cross_entropy": _CrossEntropy(), "nll_loss": _Nll(),
              "cross_entropy_backward": _ClassesBackward(lib.cross_entropy_backward.default),

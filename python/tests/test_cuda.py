@@ -267,6 +267,16 @@ def test_graph_capture_training_steps_match_eager(dtype):
         torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=1e-12, msg=name)
 
 
+def backward_raising_on_sync(loss):
+    """loss.backward() under torch's sync debug mode set to "error": a synchronising torch call in it raises."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize("upstream", [1.0, 65536.0])
 @pytest.mark.parametrize("road", ["separate", "inplace", "3d", "soft"])
 def test_cross_entropy_backward_reads_nothing_back(road, upstream):
@@ -289,18 +299,35 @@ def test_cross_entropy_backward_reads_nothing_back(road, upstream):
     node = type(loss.grad_fn).__name__
     assert ("cross_entropyBackward" in node) == (road == "soft"), node  # the road asked for
     scaled = loss * upstream if upstream != 1.0 else loss
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        scaled.backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    backward_raising_on_sync(scaled)
     x64 = x0.double().requires_grad_()
     (want,) = torch.autograd.grad(F.cross_entropy(x64, t.double() if road == "soft" else t) * upstream, x64)
     if road != "soft":
         ignored = (t == -100).unsqueeze(1).expand_as(want)
         assert torch.equal(leaf.grad[ignored], torch.zeros_like(leaf.grad[ignored]))
     torch.testing.assert_close(leaf.grad.double(), want, rtol=2 ** -7, atol=1e-12 * upstream)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 65536.0])
+def test_linear_cross_entropy_backward_reads_nothing_back(upstream):
+    """The chunked strategy's backward hands the forward's gradients over through _linear_cross_entropy_scale_held_,
+    with no synchronising torch call (torch's sync debug mode raises on one: the item() reads it replaced). The
+    gradients are the float64 ones rounded to bfloat16, the input gradient's ignored rows 0."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x0 = torch.randn(64, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    w0 = (torch.randn(3000, 128, device="cuda", generator=gen) / 128 ** 0.5).to(torch.bfloat16)
+    t = torch.randint(0, 3000, (64,), device="cuda", generator=gen)
+    t[::7] = -100
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    loss = LF.linear_cross_entropy(x, w, t, strategy="chunked")
+    scaled = loss * upstream if upstream != 1.0 else loss
+    backward_raising_on_sync(scaled)
+    x64, w64 = x0.double().requires_grad_(), w0.double().requires_grad_()
+    want = torch.autograd.grad(F.cross_entropy(F.linear(x64, w64), t) * upstream, (x64, w64))
+    ignored = t == -100
+    assert torch.equal(x.grad[ignored], torch.zeros_like(x.grad[ignored]))
+    for got, ref in zip((x.grad, w.grad), want):
+        torch.testing.assert_close(got.double(), ref, rtol=2 ** -6, atol=1e-5 * upstream)
 
 
 def test_graph_capture_elementwise_forwards():

@@ -193,6 +193,26 @@ def test_target_weights_summing_to_zero(strategy, label_smoothing):
         torch.testing.assert_close(got, want, equal_nan=True)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("all_ignored", [False, True])
+def test_nan_upstream_keeps_what_torch_keeps(reduction, all_ignored):
+    """The chunked strategy's held gradients scaled by a NaN upstream gradient: torch's NaN everywhere but the input
+    gradient's ignored rows (0), and every gradient 0 when every row is ignored."""
+    x, w, b, t = make(8, 6, 9, torch.float32, seed=3, ignored=0.0)
+    t[2] = -100
+    if all_ignored:
+        t[:] = -100
+    leaves = [p.clone().requires_grad_() for p in (x, w, b)]
+    ref_leaves = [p.clone().requires_grad_() for p in (x, w, b)]
+    ours = LF.linear_cross_entropy(leaves[0], leaves[1], t, linear_bias=leaves[2], reduction=reduction,
+                                   strategy="chunked")
+    ref = F.cross_entropy(F.linear(*ref_leaves), t, reduction=reduction)
+    nan = torch.tensor(float("nan"))
+    for got, want in zip(torch.autograd.grad(ours, leaves, nan), torch.autograd.grad(ref, ref_leaves, nan)):
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 class _NoOpMode(torch.overrides.TorchFunctionMode):
     """Any active mode makes linear_cross_entropy take the registered op and its autograd."""
 

@@ -220,6 +220,8 @@ void cross_entropy_scale_held(const TensorView& grad_logits, const TensorView& t
   p.mode = CeMode::scale;
   core::fill_layout(p, pb, grad_logits, target, &grad_logits, grad_loss);
   p.grad_loss = grad_loss->data;  // one element for mean / sum: every row's offset is 0 (fill_layout)
+  p.grad_loss_uniform = true;
+  for (int i = 0; i < p.index.ndim; ++i) p.grad_loss_uniform &= p.index.strides[core::kGradLossRow][i] == 0;
   p.ignore_index = options.ignore_index;
   be.cross_entropy(p);
 }

@@ -9,9 +9,10 @@
 
 namespace lossfuse::core {
 
-// scale: cross_entropy_scale_held. grad (rows x classes, g_cstride, kGradRow) times each row's upstream gradient
-// grad_loss[index.offset(kGradLossRow, r)] (Acc; one element for mean / sum), in Acc and rounded once; rows whose
-// value is 1 or whose class target is ignore_index are left as they are. No other field is read.
+// scale: cross_entropy_scale_held (and linear_cross_entropy_scale_held). grad (rows x classes, g_cstride, kGradRow)
+// times each row's upstream gradient grad_loss[index.offset(kGradLossRow, r)] (Acc; one element for mean / sum), in
+// Acc and rounded once; rows whose value is 1 or whose class target is ignore_index (or, pooled, every target) are
+// left as they are. No fields but these and the grad_loss_uniform / pooled ones are read.
 enum class CeMode : std::uint8_t { forward, backward, forward_backward, scale };
 
 // Views in RowIndex order.
@@ -68,6 +69,12 @@ struct CeParams {
   // (reduction none), else grad_scale (mean/sum, with 1/denominator folded in).
   const void* grad_loss = nullptr;
   double grad_scale = 1;
+  bool grad_loss_uniform = false;  // scale: one upstream value for every row (set by core), so a 1 skips the call
+  // scale: the gradient's rows are not target rows but pooled over all of them (the fused linear loss's weight and
+  // bias gradients): kept whole when each of the pooled_targets targets (target, pooled_stride apart) is
+  // ignore_index, else every row scaled.
+  bool pooled = false;
+  std::int64_t pooled_targets = 0, pooled_stride = 0;
 
   // Reductions mean/sum: the sums of each block of rows_per_block rows, in double. The block split depends
   // on the problem only, never on the thread count, so the reduction order is fixed.

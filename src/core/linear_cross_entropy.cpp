@@ -285,6 +285,51 @@ void backward(const core::Backend& be, const Problem& p, const TensorView& x, co
   be.linear_cross_entropy(lp);
 }
 
+// A held gradient as cross_entropy_scale_held's params (CeMode::scale): a 2-D view's rows, or a 1-D view as one row;
+// grad_x's rows are the target rows, grad_weight's and grad_bias's pooled over every target.
+core::CeParams held_params(const TensorView& g, const TensorView& target, const TensorView& grad_loss,
+                           std::int64_t ignore_index, bool pooled) {
+  core::CeParams p;
+  p.mode = core::CeMode::scale;
+  p.dtype = g.dtype;
+  p.target_dtype = target.dtype;
+  p.target = target.data;
+  p.grad = g.data;
+  p.grad_loss = grad_loss.data;
+  p.grad_loss_uniform = true;
+  p.ignore_index = ignore_index;
+  if (g.ndim == 2) {
+    p.rows = g.shape[0], p.classes = g.shape[1], p.g_cstride = g.strides[1];
+    core::set_row_view(p.index, core::kGradRow, g, 1);
+  } else {
+    p.rows = 1, p.classes = g.shape[0], p.g_cstride = g.strides[0];  // index.ndim 0: row 0 at offset 0
+  }
+  if (pooled) {
+    p.pooled = true;
+    p.pooled_targets = target.shape[0];
+    p.pooled_stride = target.strides[0];
+  } else {
+    core::set_row_view(p.index, core::kTargetRow, target, -1);  // the same N rows as grad_x's
+  }
+  return p;
+}
+
+void check_held(const std::optional<TensorView>& g, const char* name, int ndim, DType acc, Device dev,
+                std::vector<NamedView>& written) {
+  if (!g) return;
+  core::check_view(*g, name, dev);
+  core::check_floating(*g, name);
+  if (accumulate_dtype(g->dtype) != acc) {
+    throw Error(ErrorCode::dtype_mismatch, name,
+                "a dtype accumulating in " + std::string(dtype_name(acc)) + " (grad_loss's dtype)",
+                std::string(dtype_name(g->dtype)));
+  }
+  if (g->ndim != ndim) {
+    throw Error(ErrorCode::shape_mismatch, name, ndim == 2 ? "2 dims" : "1 dim", "shape " + g->shape_string());
+  }
+  written.push_back({name, &*g});
+}
+
 }  // namespace
 
 namespace core {
@@ -417,6 +462,50 @@ void linear_cross_entropy_backward(const TensorView& x, const TensorView& w, con
   } else {
     backward<float>(be, p, x, w, b, target, lse, grad_loss, options, grads);
   }
+}
+
+void linear_cross_entropy_scale_held(const LinearCrossEntropyGrads& grads, const TensorView& target,
+                                     const LinearCrossEntropyOptions& options, const TensorView& grad_loss) {
+  const core::Backend& be = core::backend_for(target, "target");
+  const Device dev = target.device;
+  core::check_view(target, "target", dev);
+  if (!is_integer(target.dtype)) {
+    throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
+                std::string(dtype_name(target.dtype)));
+  }
+  if (target.ndim != 1) {
+    throw Error(ErrorCode::shape_mismatch, "target", "1 dim (N)", "shape " + target.shape_string());
+  }
+  core::check_reduction(options.ce.reduction);
+  if (options.ce.reduction == Reduction::none) {
+    throw Error(ErrorCode::invalid_value, "reduction", "mean or sum (held gradients have one upstream value)", "none");
+  }
+  core::check_view(grad_loss, "grad_loss", dev);
+  if (grad_loss.dtype != DType::f32 && grad_loss.dtype != DType::f64) {
+    throw Error(ErrorCode::dtype_mismatch, "grad_loss", "float32 or float64 (the accumulation dtype)",
+                std::string(dtype_name(grad_loss.dtype)));
+  }
+  if (grad_loss.numel() != 1) {
+    throw Error(ErrorCode::shape_mismatch, "grad_loss", "one element", "shape " + grad_loss.shape_string());
+  }
+  std::vector<NamedView> written, read = {{"target", &target}, {"grad_loss", &grad_loss}};
+  check_held(grads.x, "grad_x", 2, grad_loss.dtype, dev, written);
+  check_held(grads.w, "grad_weight", 2, grad_loss.dtype, dev, written);
+  check_held(grads.b, "grad_bias", 1, grad_loss.dtype, dev, written);
+  if (grads.x && grads.x->shape[0] != target.shape[0]) {
+    throw Error(ErrorCode::shape_mismatch, "grad_x",
+                "(N, H) with N = " + std::to_string(target.shape[0]) + " (target's)",
+                "shape " + grads.x->shape_string());
+  }
+  if (grads.w && grads.b && grads.b->shape[0] != grads.w->shape[0]) {
+    throw Error(ErrorCode::shape_mismatch, "grad_bias", "(" + std::to_string(grads.w->shape[0]) + ") (grad_weight's V)",
+                "shape " + grads.b->shape_string());
+  }
+  core::check_disjoint(written, read);
+  const std::int64_t ignore = options.ce.ignore_index;
+  if (grads.x && grads.x->numel() > 0) be.cross_entropy(held_params(*grads.x, target, grad_loss, ignore, false));
+  if (grads.w && grads.w->numel() > 0) be.cross_entropy(held_params(*grads.w, target, grad_loss, ignore, true));
+  if (grads.b && grads.b->numel() > 0) be.cross_entropy(held_params(*grads.b, target, grad_loss, ignore, true));
 }
 
 }  // namespace lossfuse

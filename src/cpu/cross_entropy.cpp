@@ -631,7 +631,8 @@ void CrossEntropyBlocks(const CeParams& p, std::int64_t b0, std::int64_t b1) {
   });
 }
 
-// CeMode::scale (cross_entropy_scale_held): rows [r0, r1) of the gradient times their upstream gradient, in Acc.
+// CeMode::scale (cross_entropy_scale_held): rows [r0, r1) of the gradient times their upstream gradient, in Acc
+// (pooled: every row; the call has checked the targets).
 template <class T, class Acc>
 HWY_NOINLINE void ScaleRowsFor(const CeParams& p, std::int64_t r0, std::int64_t r1) {
   const hn::ScalableTag<Acc> d;
@@ -640,7 +641,8 @@ HWY_NOINLINE void ScaleRowsFor(const CeParams& p, std::int64_t r0, std::int64_t 
   for (std::int64_t r = r0; r < r1; ++r) {
     const Acc s = static_cast<const Acc*>(p.grad_loss)[p.index.offset(core::kGradLossRow, r)];
     if (s == Acc(1)) continue;
-    if (!p.soft && core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
+    if (!p.soft && !p.pooled &&
+        core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
       continue;
     }
     T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
@@ -720,11 +722,17 @@ void fast_log1p_unit(const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DIS
 
 void cross_entropy_rows(const core::CeParams& p) {
   if (p.mode == core::CeMode::scale) {
-    bool uniform = true;  // one upstream value for every row: a value of 1 returns before any task starts
-    for (int i = 0; i < p.index.ndim; ++i) uniform = uniform && p.index.strides[core::kGradLossRow][i] == 0;
+    // one upstream value for every row: a value of 1 returns before any task starts
     const double up = p.dtype == DType::f64 ? *static_cast<const double*>(p.grad_loss)
                                             : static_cast<double>(*static_cast<const float*>(p.grad_loss));
-    if (uniform && up == 1.0) return;
+    if (p.grad_loss_uniform && up == 1.0) return;
+    if (p.pooled) {  // kept whole when every target is ignored
+      bool counted = false;
+      for (std::int64_t i = 0; i < p.pooled_targets && !counted; ++i) {
+        counted = core::read_target(p.target, p.target_dtype, i * p.pooled_stride) != p.ignore_index;
+      }
+      if (!counted) return;
+    }
     const std::int64_t grain = std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, p.classes));
     parallel_for(0, p.rows, grain, [&p](std::int64_t r0, std::int64_t r1) {
       HWY_DYNAMIC_DISPATCH(ScaleRows)(p, r0, r1);

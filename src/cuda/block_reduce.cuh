@@ -2,6 +2,8 @@
 // (no floating-point atomics; the integer atomic below only counts finished blocks).
 #pragma once
 
+#include <cstdint>
+
 namespace lossfuse::cuda {
 
 // op over the kThreads values of a block of kThreads threads (a power of two), in a fixed tree; every thread gets
@@ -27,6 +29,15 @@ struct Plus {
     return a + b;
   }
 };
+
+// The sum of v[0, n) over a block of kThreads threads in a fixed order (each thread its strided share in order, then
+// the block's tree); every thread gets it. The reductions of every device call's loss go through it.
+template <int kThreads>
+__device__ double ordered_sum(const double* v, std::int64_t n) {
+  double s = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += kThreads) s += v[i];
+  return block_reduce<kThreads>(s, Plus{});
+}
 
 // Call once per block after the block's partial results are stored (global memory): true in the block that finished
 // last, which then sees every block's stores. `count` starts at 0 and ends at gridDim.x.

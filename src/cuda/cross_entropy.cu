@@ -363,13 +363,9 @@ __global__ void __launch_bounds__(kScanThreads)
   if (skip_bad && scan->bad != 0) return;
   const int64_t per = (rows + gridDim.x - 1) / gridDim.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * per, hi = min_i64(rows, lo + per);
-  double l = 0, z = 0;
-  for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
-    l += row_loss[r];
-    if (row_zloss != nullptr) z += row_zloss[r];
-  }
-  l = block_reduce<kScanThreads>(l, Plus{});
-  z = block_reduce<kScanThreads>(z, Plus{});
+  const int64_t n = hi > lo ? hi - lo : 0;
+  double l = ordered_sum<kScanThreads>(row_loss + lo, n);
+  double z = row_zloss != nullptr ? ordered_sum<kScanThreads>(row_zloss + lo, n) : 0.0;
   if (threadIdx.x == 0) {
     part[2 * blockIdx.x] = l;
     part[2 * blockIdx.x + 1] = z;
@@ -638,17 +634,25 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-// CeMode::scale (cross_entropy_scale_held): each block takes rows grid-strided, its threads along the classes.
-// uniform: one upstream value for every row, so a value of 1 returns at once.
+// CeMode::scale (cross_entropy_scale_held): each block takes rows grid-strided, its threads along the classes. One
+// upstream value for every row (p.grad_loss_uniform): a value of 1 returns at once.
 template <class T>
-__global__ void __launch_bounds__(kMaxRowThreads) ce_scale_kernel(const CeParams p, bool uniform) {
+__global__ void __launch_bounds__(kMaxRowThreads) ce_scale_kernel(const CeParams p) {
   using Acc = math::AccOf<T>;
   const Acc* up = static_cast<const Acc*>(p.grad_loss);
-  if (uniform && up[0] == Acc(1)) return;
+  if (p.grad_loss_uniform && up[0] == Acc(1)) return;
+  if (p.pooled) {  // kept whole when every target is ignored: each block reads them (only when the value is not 1)
+    bool counted = false;
+    for (int64_t i = threadIdx.x; i < p.pooled_targets && !counted; i += blockDim.x) {
+      counted = core::read_target(p.target, p.target_dtype, i * p.pooled_stride) != p.ignore_index;
+    }
+    if (__syncthreads_or(counted) == 0) return;
+  }
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const Acc s = up[p.index.offset(core::kGradLossRow, r)];
     if (s == Acc(1)) continue;
-    if (!p.soft && core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
+    if (!p.soft && !p.pooled &&
+        core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r)) == p.ignore_index) {
       continue;
     }
     T* g = static_cast<T*>(p.grad) + p.index.offset(core::kGradRow, r);
@@ -722,19 +726,10 @@ class DeviceSteps {
 
   void finish(const CeParams& p) {
     if (capturing_) return;
-    unsigned long long bad = 0;
-    check(cudaMemcpyAsync(&bad, &scan_.get()->bad, sizeof bad, cudaMemcpyDeviceToHost, stream()),
-          "cudaMemcpyAsync (scan record)");
-    check(cudaStreamSynchronize(stream()), "cross_entropy / nll kernels");
+    const unsigned long long bad = read_back(&scan_.get()->bad, "cross_entropy / nll kernels");
     if (bad == 0) return;
     call_.bad_row = p.rows - static_cast<int64_t>(bad);
-    const std::size_t bytes = dtype_size(p.target_dtype);
-    unsigned char value[8] = {};
-    const auto* at = static_cast<const unsigned char*>(p.target) +
-                     p.index.offset(core::kTargetRow, call_.bad_row) * static_cast<int64_t>(bytes);
-    check(cudaMemcpyAsync(value, at, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (bad target)");
-    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
-    call_.bad_value = core::read_target(value, p.target_dtype, 0);
+    call_.bad_value = read_target_back(p.target, p.target_dtype, p.index.offset(core::kTargetRow, call_.bad_row));
   }
 
  private:
@@ -786,11 +781,9 @@ bool keeps_row(const CeParams& p, int threads) {
 template <class T>
 void ce_scale(const CeParams& p) {
   const DeviceScope scope(operands(p, "grad_logits"));
-  bool uniform = true;
-  for (int i = 0; i < p.index.ndim; ++i) uniform = uniform && p.index.strides[core::kGradLossRow][i] == 0;
   constexpr int64_t kScaleBlocks = 2048;  // a few resident blocks per multiprocessor; rows beyond are grid-strided
-  ce_scale_kernel<T><<<static_cast<unsigned>(std::min(p.rows, kScaleBlocks)), row_threads(p.classes), 0, stream()>>>(
-      p, uniform);
+  ce_scale_kernel<T>
+      <<<static_cast<unsigned>(std::min(p.rows, kScaleBlocks)), row_threads(p.classes), 0, stream()>>>(p);
   check_launch("ce_scale_kernel");
 }
 

@@ -441,9 +441,7 @@ template <class Acc>
 __global__ void __launch_bounds__(kThreads)
     margin_reduce_kernel(const double* row_loss, int64_t rows, const unsigned long long* bad, bool mean, Acc* loss) {
   if (bad != nullptr && *bad != 0) return;
-  double s = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += kThreads) s += row_loss[r];
-  s = block_reduce<kThreads>(s, Plus{});
+  const double s = ordered_sum<kThreads>(row_loss, rows);
   if (threadIdx.x == 0) *loss = static_cast<Acc>(mean ? s / static_cast<double>(rows) : s);
 }
 
@@ -513,23 +511,14 @@ void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels,
     check(cudaGetLastError(), "margin_reduce_kernel");
   }
   if (bad == nullptr) return;
-  unsigned long long found = 0;
-  check(cudaMemcpyAsync(&found, record.get(), sizeof found, cudaMemcpyDeviceToHost, stream()),
-        "cudaMemcpyAsync (check record)");
-  check(cudaStreamSynchronize(stream()), what);
+  const unsigned long long found = read_back(record.get(), what);
   if (found == 0) return;
   const int64_t per_row = call.check == core::MarginCheck::label_list ? p.D : 1;
   const int64_t e = p.rows * per_row - static_cast<int64_t>(found);
   call.bad_row = e / per_row;
   call.bad_col = e - call.bad_row * per_row;
-  const std::size_t bytes = dtype_size(p.target_dtype);
-  unsigned char value[8] = {};
-  const auto* at = static_cast<const unsigned char*>(p.target) +
-                   (p.index.offset(core::kMvTarget, call.bad_row) + call.bad_col * p.inner[core::kMvTarget]) *
-                       static_cast<int64_t>(bytes);
-  check(cudaMemcpyAsync(value, at, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (bad target)");
-  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
-  call.bad_value = core::read_target(value, p.target_dtype, 0);
+  call.bad_value = read_target_back(
+      p.target, p.target_dtype, p.index.offset(core::kMvTarget, call.bad_row) + call.bad_col * p.inner[core::kMvTarget]);
 }
 
 template <class F>

@@ -126,14 +126,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The sum of v[0, n) in a fixed order (each thread its strided share in order, then the block's tree), one block of
-// kThreads; every thread gets it.
-__device__ double ordered_sum(const double* v, int64_t n) {
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += v[i];
-  return block_reduce<kThreads>(s, Plus{});
-}
-
 // A reduced backward's gradient scale into the record: the upstream scalar (nullptr: 1), over the 'mean' denominator:
 // `denominator`, or the weights' sum from tile_weight (then also kept in rec->weight_sum for the fused loss).
 template <class Acc>
@@ -141,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_w
                                                             const Acc* grad_scalar, bool mean, double denominator,
                                                             const Acc* skip_if) {
   if (skip_if != nullptr && *skip_if == Acc(1)) return;  // (held gradients: the weight pass did not run either)
-  const double ws = tile_weight != nullptr ? ordered_sum(tile_weight, tiles) : 0.0;
+  const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
   if (threadIdx.x != 0) return;
   if (tile_weight != nullptr) rec->weight_sum = denominator = ws;
   const double g = grad_scalar != nullptr ? static_cast<double>(*grad_scalar) : 1.0;
@@ -155,8 +147,8 @@ template <class Acc>
 __global__ void __launch_bounds__(kThreads)
     pw_reduce_kernel(const double* tile_loss, const double* tile_weight, int64_t tiles, const PwRecord* rec,
                      bool mean, bool weight_mean, double denominator, bool poison, Acc* loss) {
-  const double l = ordered_sum(tile_loss, tiles);
-  const double ws = tile_weight != nullptr ? ordered_sum(tile_weight, tiles) : 0.0;
+  const double l = ordered_sum<kThreads>(tile_loss, tiles);
+  const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
   if (threadIdx.x != 0) return;
   if (rec->bad != 0) {
     if (poison) *loss = static_cast<Acc>(NAN);
@@ -231,11 +223,7 @@ void pointwise_run(const PwParams& p) {
     });
   });
   if (!checking || capturing) return;
-  unsigned bad = 0;
-  check(cudaMemcpyAsync(&bad, &rec.get()->bad, sizeof bad, cudaMemcpyDeviceToHost, stream()),
-        "cudaMemcpyAsync (pointwise record)");
-  check(cudaStreamSynchronize(stream()), "pointwise kernels");
-  call.bad = bad != 0;
+  call.bad = read_back(&rec.get()->bad, "pointwise kernels") != 0;
 }
 
 }  // namespace lossfuse::cuda

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/targets.hpp"
 #include "lossfuse/device.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/error.hpp"
@@ -134,6 +135,27 @@ const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
   check(cudaMemcpyAsync(buf.get(), host, n * sizeof(T), cudaMemcpyHostToDevice, stream()),
         "cudaMemcpyAsync (to device)");
   return buf.get();
+}
+
+// A check record (an integer in device memory; by convention 0: nothing found) read back on the calling thread's
+// stream, after its queued work: one synchronisation (`what` names that work in an error).
+template <class T>
+T read_back(const T* record, const char* what) {
+  T v{};
+  check(cudaMemcpyAsync(&v, record, sizeof v, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (check record)");
+  check(cudaStreamSynchronize(stream()), what);
+  return v;
+}
+
+// The class target at element `offset` of a device target of integer `dtype`, read back: one synchronisation.
+inline std::int64_t read_target_back(const void* target, DType dtype, std::int64_t offset) {
+  const std::size_t bytes = dtype_size(dtype);
+  unsigned char value[8] = {};
+  check(cudaMemcpyAsync(value, static_cast<const unsigned char*>(target) + offset * static_cast<std::int64_t>(bytes),
+                        bytes, cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync (bad target)");
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
+  return core::read_target(value, dtype, 0);
 }
 
 // The caller's n class weights (any floating dtype, `stride` elements apart) into out (Acc, device), on the calling

@@ -192,6 +192,42 @@ inline Outputs run_lce(const Case& c, Data& d, bool fused, const DeviceMemory* m
   return r;
 }
 
+// The fused forward's gradients (made for an upstream gradient of 1; 'mean' / 'sum') brought to the upstream
+// gradient g by linear_cross_entropy_scale_held, on the device `mem` gives (nullptr: the CPU).
+inline Outputs run_held(const Case& c, Data& d, double g, const DeviceMemory* mem = nullptr) {
+  const DType acc = acc_of(c.dt);
+  Outputs r;
+  r.loss = Tensor::make(acc, {}), r.lse = Tensor::make(acc, {c.N}), r.zl = Tensor::make(acc, {});
+  r.gx = Tensor::make(c.dt, {c.N, c.H}, Layout::padded), r.gw = Tensor::make(c.dt, {c.V, c.H});
+  r.gb = Tensor::make(acc, {c.V});
+  Tensor gl = Tensor::make(acc, {});
+  gl.set(0, g);
+  r.grad_loss = {g};
+  Mirror m(mem);
+  LinearCrossEntropyOptions o = options(c, d);
+  if (c.weight) o.ce.weight = m(d.cw);
+  const std::optional<TensorView> b = c.bias ? std::optional<TensorView>(m(d.b)) : std::nullopt;
+  const LinearCrossEntropyGrads grads{m(r.gx), m(r.gw), c.bias ? std::optional<TensorView>(m(r.gb)) : std::nullopt};
+  const TensorView t = m(d.t);
+  lossfuse::linear_cross_entropy_forward(m(d.x), m(d.w), b, t, o, CrossEntropyOutputs{m(r.loss), m(r.lse), m(r.zl)},
+                                         grads);
+  lossfuse::linear_cross_entropy_scale_held(grads, t, o, m(gl));
+  m.download();
+  return r;
+}
+
+// run_held's gradients against the float64 reference's for the upstream gradient g.
+inline void check_held(const Case& c, double g, const DeviceMemory* mem = nullptr) {
+  SCOPED_TRACE(case_name(c) + " held, upstream " + std::to_string(g));
+  Data d = case_data(c);
+  const Outputs run = run_held(c, d, g, mem);
+  const Expected e = expected(c, d, run.grad_loss);
+  EXPECT_TRUE(close_rel("grad_x", run.gx.values(), e.dx, c.dt));
+  EXPECT_TRUE(close_rel("grad_weight", run.gw.values(), e.dw, c.dt));
+  if (c.bias) EXPECT_TRUE(close_rel("grad_bias", run.gb.values(), e.db, c.dt));
+  EXPECT_TRUE(run.gx.outside_untouched(0));
+}
+
 inline void run_case(const Case& c, bool fused, const DeviceMemory* mem = nullptr) {
   SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
   Data d = case_data(c);
@@ -260,6 +296,15 @@ inline std::vector<Case> cases() {
         v.push_back(c);
       }
     }
+  }
+  return v;
+}
+
+// The cases whose held gradients have one upstream value ('mean' / 'sum'): linear_cross_entropy_scale_held's.
+inline std::vector<Case> reduced_cases() {
+  std::vector<Case> v;
+  for (const Case& c : cases()) {
+    if (c.red != Reduction::none) v.push_back(c);
   }
   return v;
 }

@@ -28,6 +28,86 @@ TEST_P(LinearCe, BackwardFromLseMatchesReference) { run_case(GetParam(), false);
 INSTANTIATE_TEST_SUITE_P(All, LinearCe, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return case_name(info.param); });
 
+// linear_cross_entropy_scale_held after the fused forward gives the reference gradients of the upstream value.
+class LinearCeHeld : public ::testing::TestWithParam<Case> {};
+TEST_P(LinearCeHeld, ScaledHeldMatchesReference) {
+  for (double g : {-0.75, 2.5}) check_held(GetParam(), g);
+}
+INSTANTIATE_TEST_SUITE_P(Reduced, LinearCeHeld, ::testing::ValuesIn(reduced_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+// What torch's gradients keep whatever the upstream value: grad_x's ignored rows, and every gradient when every row
+// is ignored; an upstream value of 1 writes nothing. A NaN upstream value reaches every other element.
+TEST(LinearCeHeldEdge, IgnoredRowsKeepTheirValues) {
+  for (bool all : {false, true}) {
+    Case c;
+    c.all_ignored = all;
+    Data d = case_data(c);
+    if (!all) d.t.set_int(2, -100), d.t.set_int(0, 3);
+    const Outputs held = run_held(c, d, 1.0);
+    const Outputs nan = run_held(c, d, std::nan(""));
+    EXPECT_TRUE(held.gx.storage == run_lce(c, d, true).gx.storage) << "an upstream value of 1 changed grad_x";
+    for (std::int64_t r = 0; r < c.N; ++r) {
+      for (std::int64_t h = 0; h < c.H; ++h) {
+        const double v = nan.gx.get(r * c.H + h);
+        if (d.t.get_int(r) == -100) {
+          EXPECT_EQ(v, held.gx.get(r * c.H + h)) << "row " << r;
+        } else {
+          EXPECT_TRUE(std::isnan(v)) << "row " << r;
+        }
+      }
+    }
+    for (const auto& [got, kept] : {std::pair{&nan.gw, &held.gw}, std::pair{&nan.gb, &held.gb}}) {
+      for (std::int64_t i = 0; i < got->numel(); ++i) {
+        if (all) {
+          EXPECT_EQ(got->get(i), kept->get(i)) << i;
+        } else {
+          EXPECT_TRUE(std::isnan(got->get(i))) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearCeHeldEdge, BadArgumentsNamedAndNothingWritten) {
+  Case c;
+  Data d = case_data(c);
+  Tensor gx = Tensor::make(DType::f32, {c.N, c.H}, Layout::contiguous, kSentinel);
+  Tensor gw = Tensor::make(DType::f32, {c.V, c.H}, Layout::contiguous, kSentinel);
+  Tensor gw64 = Tensor::make(DType::f64, {c.V, c.H});
+  Tensor gx_short = Tensor::make(DType::f32, {c.N - 1, c.H});
+  Tensor up = Tensor::make(DType::f32, {}), up2 = Tensor::make(DType::f32, {2}), up16 = Tensor::make(DType::bf16, {});
+  up.set(0, 2.0), up2.set(0, 2.0), up16.set(0, 2.0);
+  const auto before_x = gx.storage, before_w = gw.storage;
+  struct Bad {
+    const char* arg;
+    ErrorCode code;
+    std::optional<TensorView> x, w;
+    TensorView up;
+    Reduction red;
+  };
+  const Bad bad[] = {{"reduction", ErrorCode::invalid_value, gx.view, gw.view, up.view, Reduction::none},
+                     {"grad_loss", ErrorCode::shape_mismatch, gx.view, gw.view, up2.view, Reduction::mean},
+                     {"grad_loss", ErrorCode::dtype_mismatch, gx.view, gw.view, up16.view, Reduction::sum},
+                     {"grad_x", ErrorCode::shape_mismatch, gx_short.view, gw.view, up.view, Reduction::mean},
+                     {"grad_weight", ErrorCode::dtype_mismatch, gx.view, gw64.view, up.view, Reduction::mean},
+                     {"target", ErrorCode::dtype_mismatch, gx.view, gw.view, up.view, Reduction::mean}};
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.arg);
+    LinearCrossEntropyOptions o = options(c, d);
+    o.ce.reduction = b.red;
+    const TensorView target = std::string(b.arg) == "target" ? d.cw.view : d.t.view;
+    try {
+      lossfuse::linear_cross_entropy_scale_held({b.x, b.w, std::nullopt}, target, o, b.up);
+      ADD_FAILURE() << "no error";
+    } catch (const lossfuse::Error& e) {
+      EXPECT_EQ(e.code(), b.code) << e.what();
+      EXPECT_EQ(e.argument(), b.arg) << e.what();
+    }
+    EXPECT_TRUE(gx.storage == before_x && gw.storage == before_w) << "written despite the error";
+  }
+}
+
 TEST(LinearCeEdge, EmptyBatchGivesNanMeanAndZeroGradients) {
   for (std::int64_t tile : {0, 4}) {
     SCOPED_TRACE("vocab_tile " + std::to_string(tile));

@@ -2,8 +2,8 @@
 // (tests/core/lce_harness.hpp) run through device copies of every operand, both ways, plus what only the device
 // runner has: cuBLAS-sized products (chunks of auto and odd sizes), dx and dW written straight or through their
 // float32 buffers (strided gradients), a saved lse of either dtype at any stride, an empty batch, vocabulary tiles
-// and bad targets refused with nothing written, graph capture, and bitwise-repeatable results. Without a CUDA device
-// every test is skipped (main exits 77).
+// and bad targets refused with nothing written, held gradients scaled (scale_held), graph capture, and
+// bitwise-repeatable results. Without a CUDA device every test is skipped (main exits 77).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -50,6 +50,40 @@ TEST_P(LinearCeCuda, ForwardWithGradsMatchesReference) { run_case(GetParam(), tr
 TEST_P(LinearCeCuda, BackwardFromLseMatchesReference) { run_case(GetParam(), false, &kCuda); }
 INSTANTIATE_TEST_SUITE_P(WholeRows, LinearCeCuda, ::testing::ValuesIn(whole_row_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// linear_cross_entropy_scale_held on the device (the upstream value read by the kernels): the reference gradients of
+// the upstream value, and torch's kept values (grad_x's ignored rows; everything when every row is ignored) for NaN.
+class LinearCeCudaHeld : public ::testing::TestWithParam<Case> {};
+TEST_P(LinearCeCudaHeld, ScaledHeldMatchesReference) {
+  for (double g : {-0.75, 2.5}) check_held(GetParam(), g, &kCuda);
+}
+INSTANTIATE_TEST_SUITE_P(Reduced, LinearCeCudaHeld, ::testing::ValuesIn([] {
+                           std::vector<Case> v;
+                           for (const Case& c : whole_row_cases()) {
+                             if (c.red != Reduction::none) v.push_back(c);
+                           }
+                           return v;
+                         }()),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(LinearCeCudaHeldEdge, IgnoredRowsKeepTheirValues) {
+  for (bool all : {false, true}) {
+    Case c;
+    c.dt = DType::bf16, c.all_ignored = all;
+    Data d = case_data(c);
+    if (!all) d.t.set_int(2, -100), d.t.set_int(0, 3);
+    const Outputs held = run_held(c, d, 1.0, &kCuda), nan = run_held(c, d, std::nan(""), &kCuda);
+    for (std::int64_t r = 0; r < c.N; ++r) {
+      for (std::int64_t h = 0; h < c.H; ++h) {
+        const double v = nan.gx.get(r * c.H + h);
+        EXPECT_TRUE(d.t.get_int(r) == -100 ? v == held.gx.get(r * c.H + h) : std::isnan(v)) << r << ", " << h;
+      }
+    }
+    for (std::int64_t i = 0; i < c.V * c.H; ++i) {
+      EXPECT_TRUE(all ? nan.gw.get(i) == held.gw.get(i) : std::isnan(nan.gw.get(i))) << i;
+    }
+  }
+}
 
 // dW in a transposed (non-unit inner stride) view and dx transposed: both go through float32 buffers, then stored.
 // And the direct ways with 16-bit inputs: a float32 dW accumulated in place, x and dx with padded rows (ld > H).
@@ -201,9 +235,10 @@ TEST(LinearCeCudaEdge, BackwardFromAnySavedLse) {
   }
 }
 
-// The fused call and the two-way call (forward, then backward from the saved lse with an upstream gradient in device
-// memory) captured into a CUDA graph (run_captured: no host synchronisation) give the eager calls' bits, for 'mean'
-// and 'none'; under capture nothing is read back, so a bad class target makes the loss NaN instead of an error.
+// The fused call (then, reduced, scale_held by an upstream gradient in device memory) and the two-way call (forward,
+// then backward from the saved lse with that upstream gradient) captured into a CUDA graph (run_captured: no host
+// synchronisation) give the eager calls' bits, for 'mean' and 'none'; under capture nothing is read back, so a bad
+// class target makes the loss NaN instead of an error.
 TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
   for (DType t : {DType::f32, DType::bf16})
     for (Reduction red : {Reduction::mean, Reduction::none})
@@ -232,6 +267,7 @@ TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
           auto call = [&] {
             if (fused) {
               lossfuse::linear_cross_entropy_forward(x, w, b, tg, o, out, g);
+              if (red != Reduction::none) lossfuse::linear_cross_entropy_scale_held(g, tg, o, up);
             } else {
               lossfuse::linear_cross_entropy_forward(x, w, b, tg, o, out);
               lossfuse::linear_cross_entropy_backward(x, w, b, tg, *out.lse, up, o, g);
