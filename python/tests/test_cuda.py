@@ -311,8 +311,9 @@ def test_cross_entropy_backward_reads_nothing_back(road, upstream):
 @pytest.mark.parametrize("upstream", [1.0, 65536.0])
 def test_linear_cross_entropy_backward_reads_nothing_back(upstream):
     """The chunked strategy's backward hands the forward's gradients over through _linear_cross_entropy_scale_held_,
-    with no synchronising torch call (torch's sync debug mode raises on one: the item() reads it replaced). The
-    gradients are the float64 ones rounded to bfloat16, the input gradient's ignored rows 0."""
+    with no synchronising torch call (torch's sync debug mode raises on one: the item() reads it replaced; a
+    read-back inside lossfuse fails the C++ captured step instead, LinearCeCudaGraph). The gradients are the float64
+    ones rounded to bfloat16, the input gradient's ignored rows 0."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     x0 = torch.randn(64, 128, device="cuda", generator=gen).to(torch.bfloat16)
     w0 = (torch.randn(3000, 128, device="cuda", generator=gen) / 128 ** 0.5).to(torch.bfloat16)

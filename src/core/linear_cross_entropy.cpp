@@ -379,6 +379,7 @@ CeParams lce_chunk_params(const LceParams& p, CeMode mode, std::int64_t r0, std:
   cp.ignore_index = o.ignore_index;
   cp.lse_f64 = true;
   if (p.device_call != nullptr) {
+    cp.device_call = p.device_call;
     cp.grad_loss = gl ? gl->data : nullptr;
     return cp;
   }
@@ -502,10 +503,18 @@ void linear_cross_entropy_scale_held(const LinearCrossEntropyGrads& grads, const
                 "shape " + grads.b->shape_string());
   }
   core::check_disjoint(written, read);
+  // One runner call: a device runner finds every operand on one device before it writes any.
   const std::int64_t ignore = options.ce.ignore_index;
-  if (grads.x && grads.x->numel() > 0) be.cross_entropy(held_params(*grads.x, target, grad_loss, ignore, false));
-  if (grads.w && grads.w->numel() > 0) be.cross_entropy(held_params(*grads.w, target, grad_loss, ignore, true));
-  if (grads.b && grads.b->numel() > 0) be.cross_entropy(held_params(*grads.b, target, grad_loss, ignore, true));
+  const std::optional<TensorView>* views[3] = {&grads.x, &grads.w, &grads.b};
+  core::CeParams held[3];
+  core::LceParams lp;
+  for (int i = 0; i < 3; ++i) {
+    if (*views[i] && (*views[i])->numel() > 0) {
+      held[i] = held_params(**views[i], target, grad_loss, ignore, i > 0);
+      lp.held[i] = &held[i];
+    }
+  }
+  if (lp.held[0] != nullptr || lp.held[1] != nullptr || lp.held[2] != nullptr) be.linear_cross_entropy(lp);
 }
 
 }  // namespace lossfuse

@@ -48,6 +48,10 @@ struct LceParams {
   const CrossEntropyOutputs* out = nullptr;  // forward: loss ('none': its rows), lse, z_loss, as the caller gave them
   const TensorView* lse_in = nullptr;        // backward: the saved lse, Acc or float64, (N) at any stride
   const TensorView* grad_loss = nullptr;     // backward, reduction 'none': Acc (N) at any stride; nullptr: 1
+
+  // linear_cross_entropy_scale_held: the held gradients' (x, W, b) CeMode::scale params, nullptr where absent; when
+  // any is set the runner only runs the cross-entropy entry on each, and reads no other field.
+  const CeParams* held[3] = {nullptr, nullptr, nullptr};
 };
 
 // The sum of the class weights (V when unweighted), in double.

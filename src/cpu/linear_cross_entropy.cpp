@@ -648,6 +648,12 @@ class Runner {
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {
+  if (p.held[0] != nullptr || p.held[1] != nullptr || p.held[2] != nullptr) {  // linear_cross_entropy_scale_held
+    for (const core::CeParams* h : p.held) {
+      if (h != nullptr) cross_entropy_rows(*h);
+    }
+    return;
+  }
   if (p.problem.pb.acc == DType::f64) {
     Runner<double>(p).run(static_cast<double*>(p.loss_rows), p.lse_rows, static_cast<double*>(p.z_rows),
                           static_cast<const double*>(p.scale), p.backward);

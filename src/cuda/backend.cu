@@ -25,14 +25,7 @@ cudaMemPool_t scratch_pool() {
   }
   const std::lock_guard<std::mutex> lock(mu);
   if (pools[dev] == nullptr) {
-    // The first call may come during a stream capture (a CUDA graph), which a pool's creation would invalidate in
-    // the global and thread-local capture modes: relaxed for this thread while the pool is made.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
-    struct Restore {
-      cudaStreamCaptureMode mode;
-      ~Restore() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
-    } restore{mode};
+    const RelaxedCapture relaxed;  // the first call may come during a stream capture (a CUDA graph)
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;

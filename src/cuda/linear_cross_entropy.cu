@@ -101,6 +101,7 @@ cublasHandle_t handle() {
   if (static_cast<std::size_t>(dev) >= handles.size()) handles.resize(static_cast<std::size_t>(dev) + 1, nullptr);
   cublasHandle_t& h = handles[static_cast<std::size_t>(dev)];
   if (h == nullptr) {
+    const RelaxedCapture relaxed;  // the first call may come during a stream capture (a CUDA graph)
     cublasHandle_t made = nullptr;
     blas_check(cublas().create(&made), "cublasCreate");
     h = made;
@@ -387,6 +388,17 @@ void run(const core::LceParams& lp) {
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {
+  if (p.held[0] != nullptr || p.held[1] != nullptr || p.held[2] != nullptr) {  // linear_cross_entropy_scale_held
+    std::vector<Operand> operands;
+    for (const core::CeParams* h : p.held) {
+      if (h != nullptr) operands.insert(operands.end(), {{h->grad, "grad"}, {h->target, "target"}, {h->grad_loss, "grad_loss"}});
+    }
+    const DeviceScope scope(operands);  // every operand on one device before anything is written
+    for (const core::CeParams* h : p.held) {
+      if (h != nullptr) cross_entropy_rows(*h);
+    }
+    return;
+  }
   if (p.problem.pb.acc == DType::f64) {
     run<double>(p);
   } else {

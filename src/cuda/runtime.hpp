@@ -75,6 +75,20 @@ class DeviceScope {
   int dev_ = 0, prev_ = 0;
 };
 
+// Relaxed stream-capture mode for the calling thread while it lives: a one-time setup (the scratch pool, a library
+// handle) may then run during a capture, which its allocations would otherwise invalidate in the global and
+// thread-local modes.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { check(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode"); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // The calling thread's stream (lossfuse::set_cuda_stream).
 inline cudaStream_t stream() noexcept { return static_cast<cudaStream_t>(cuda_stream()); }
 
