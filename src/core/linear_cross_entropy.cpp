@@ -51,6 +51,15 @@ void check_ce_options(const CrossEntropyOptions& ce, DType dt, std::int64_t V, D
   }
 }
 
+// target: a view on `device` of class indices of an integer dtype.
+void check_class_indices(const TensorView& target, Device device) {
+  core::check_view(target, "target", device);
+  if (!is_integer(target.dtype)) {
+    throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
+                std::string(dtype_name(target.dtype)));
+  }
+}
+
 Problem check_problem(const TensorView& x, const TensorView& w, const std::optional<TensorView>& b,
                       const TensorView& target, const LinearCrossEntropyOptions& o) {
   const Device dev = x.device;
@@ -74,11 +83,7 @@ Problem check_problem(const TensorView& x, const TensorView& w, const std::optio
     const std::int64_t want[1] = {p.V};
     core::check_shape(*b, "bias", want, 1);
   }
-  core::check_view(target, "target", dev);
-  if (!is_integer(target.dtype)) {
-    throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
-                std::string(dtype_name(target.dtype)));
-  }
+  check_class_indices(target, dev);
   const std::int64_t rows[1] = {p.N};
   core::check_shape(target, "target", rows, 1);
   core::check_reduction(o.ce.reduction);
@@ -469,11 +474,7 @@ void linear_cross_entropy_scale_held(const LinearCrossEntropyGrads& grads, const
                                      const LinearCrossEntropyOptions& options, const TensorView& grad_loss) {
   const core::Backend& be = core::backend_for(target, "target");
   const Device dev = target.device;
-  core::check_view(target, "target", dev);
-  if (!is_integer(target.dtype)) {
-    throw Error(ErrorCode::dtype_mismatch, "target", "class indices of an integer dtype",
-                std::string(dtype_name(target.dtype)));
-  }
+  check_class_indices(target, dev);
   if (target.ndim != 1) {
     throw Error(ErrorCode::shape_mismatch, "target", "1 dim (N)", "shape " + target.shape_string());
   }
@@ -514,7 +515,7 @@ void linear_cross_entropy_scale_held(const LinearCrossEntropyGrads& grads, const
       lp.held[i] = &held[i];
     }
   }
-  if (lp.held[0] != nullptr || lp.held[1] != nullptr || lp.held[2] != nullptr) be.linear_cross_entropy(lp);
+  if (lp.scales_held()) be.linear_cross_entropy(lp);
 }
 
 }  // namespace lossfuse

@@ -52,6 +52,9 @@ struct LceParams {
   // linear_cross_entropy_scale_held: the held gradients' (x, W, b) CeMode::scale params, nullptr where absent; when
   // any is set the runner only runs the cross-entropy entry on each, and reads no other field.
   const CeParams* held[3] = {nullptr, nullptr, nullptr};
+  [[nodiscard]] bool scales_held() const noexcept {
+    return held[0] != nullptr || held[1] != nullptr || held[2] != nullptr;
+  }
 };
 
 // The sum of the class weights (V when unweighted), in double.

@@ -648,7 +648,7 @@ class Runner {
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {
-  if (p.held[0] != nullptr || p.held[1] != nullptr || p.held[2] != nullptr) {  // linear_cross_entropy_scale_held
+  if (p.scales_held()) {
     for (const core::CeParams* h : p.held) {
       if (h != nullptr) cross_entropy_rows(*h);
     }

@@ -222,12 +222,14 @@ const char* at_rows(const TensorView& t, int64_t r0) {
   return static_cast<const char*>(t.data) + r0 * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
-// The saved lse as the chunks' kernel reads it: the caller's when contiguous, else gathered into `buf` in double.
+// The saved lse as the chunks' kernel reads it: the caller's, or gathered into `buf` in double when buf has room (a
+// strided lse: lse_gathered).
+bool lse_gathered(const TensorView& lse) { return lse.shape[0] > 1 && lse.strides[0] != 1; }
 template <class Acc>
 const void* lse_for_kernel(const TensorView& lse, const Scratch<double>& buf, bool& f64) {
   const int64_t n = lse.shape[0];
   f64 = lse.dtype == DType::f64;
-  if (n <= 1 || lse.strides[0] == 1) return lse.data;
+  if (buf.get() == nullptr) return lse.data;
   f64 = true;
   if (lse.dtype == DType::f64) {
     gather_kernel<<<grid_for(n), kThreads, 0, stream()>>>(static_cast<const double*>(lse.data), n, lse.strides[0],
@@ -300,8 +302,7 @@ void run(const core::LceParams& lp) {
   const Scratch<Acc> dw_acc(g.w && !dw_direct ? n(V * H) : 0);
   const Scratch<Acc> dx_buf(g.x && !dx_direct ? n(R * H) : 0);
   const Scratch<double> db(g.b ? n(V) : 0);
-  const bool lse_gathered = lp.backward && N > 1 && lp.lse_in->strides[0] != 1;
-  const Scratch<double> lse_buf(lse_gathered ? n(N) : 0);
+  const Scratch<double> lse_buf(lp.backward && lse_gathered(*lp.lse_in) ? n(N) : 0);
   bool lse_f64 = out != nullptr && out->lse && out->lse->dtype == DType::f64;
   const void* lse_in = lp.backward ? lse_for_kernel<Acc>(*lp.lse_in, lse_buf, lse_f64) : nullptr;
   const bool rows_out = out != nullptr && o.ce.reduction == Reduction::none;  // 'none': the loss rows themselves
@@ -388,7 +389,7 @@ void run(const core::LceParams& lp) {
 }  // namespace
 
 void linear_cross_entropy_run(const core::LceParams& p) {
-  if (p.held[0] != nullptr || p.held[1] != nullptr || p.held[2] != nullptr) {  // linear_cross_entropy_scale_held
+  if (p.scales_held()) {
     std::vector<Operand> operands;
     for (const core::CeParams* h : p.held) {
       if (h != nullptr) operands.insert(operands.end(), {{h->grad, "grad"}, {h->target, "target"}, {h->grad_loss, "grad_loss"}});
