@@ -82,18 +82,20 @@ register_autograd("ctc_loss_backward", _ctc_double_backward, _ctc_double_setup)
 # ---- torch.nn.functional-compatible functions ----------------------------------------------------------------
 
 
-def _lengths(lengths, name, like):
+def _lengths(lengths, name, on_host):
     """A lengths argument as a 1-D tensor: tensors as given (any integer dtype; flattened, as torch reads them by
-    numel), sequences of ints (torch's other overload) as int64."""
+    numel; copied to the host when on_host), sequences of ints (torch's other overload) as int64 on the host, where
+    the kernels read them without a synchronisation."""
     if torch.is_tensor(lengths):
-        return lengths if lengths.dim() == 1 else lengths.reshape(-1)
+        lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
+        return lengths.cpu() if on_host else lengths
     if isinstance(lengths, (list, tuple)):
         try:
             values = [operator.index(v) for v in lengths]
         except TypeError:
             values = None
         if values is not None:
-            return torch.tensor(values, dtype=torch.long, device=like.device)
+            return torch.tensor(values, dtype=torch.long)
     raise TypeError(f"ctc_loss(): argument '{name}' must be a Tensor or a tuple of ints, not "
                     f"{type(lengths).__name__}" + (" of non-integers" if isinstance(lengths, (list, tuple)) else ""))
 
@@ -110,7 +112,9 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
     dtype, or tuples/lists of ints.
 
     When log_probs needs a gradient, the forward keeps its log alpha table (T x N x (2 S + 1), as torch's) for the
-    backward.
+    backward. On CUDA with padded targets and CUDA lengths a call reads back one check record (none under CUDA-graph
+    capture, where a bad length or label makes its sample's loss and gradient NaN); concatenated targets' lengths
+    come to the host, and are refused under capture.
     """
     red = reduction_code(reduction)
     if not log_probs.is_floating_point():  # torch's type for a dtype its kernel lacks
@@ -120,8 +124,11 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
         targets = targets.long()
     if targets.device != log_probs.device:  # torch takes CPU targets with CUDA log_probs; the kernels read them there
         targets = targets.to(log_probs.device)
-    input_lengths = _lengths(input_lengths, "input_lengths", log_probs)
-    target_lengths = _lengths(target_lengths, "target_lengths", log_probs)
+    # Concatenated targets: the lengths are read on the host (each sample's first label, the log_alpha width), so a
+    # device copy is brought over once here, for the forward and the backward.
+    on_host = targets.dim() == 1 and log_probs.dim() == 3
+    input_lengths = _lengths(input_lengths, "input_lengths", on_host)
+    target_lengths = _lengths(target_lengths, "target_lengths", on_host)
     save_log_alpha = log_probs.requires_grad and torch.is_grad_enabled()
     loss, _ = _ops.ctc_loss(log_probs, targets, input_lengths, target_lengths, int(blank), red, bool(zero_infinity),
                             save_log_alpha)

@@ -32,6 +32,9 @@ struct Backend {
   // read_scalar, write_reduced); the CPU's are memcpy.
   void (*to_host)(void* host, const void* src, std::size_t bytes);
   void (*from_host)(void* dst, const void* host, std::size_t bytes);
+  // Whether the calling thread's stream is capturing a graph (CUDA); a call that would need host values then is
+  // refused before it starts. The CPU's: never.
+  bool (*capturing)();
   void (*cross_entropy)(const CeParams&);  // forward, backward or both over all rows
   void (*nll)(const CeParams&);
   void (*pointwise)(const PwParams&);                                                 // the elementwise losses

@@ -1,6 +1,7 @@
 // CTC entries: every check (shapes, dtypes, lengths, labels, overlap) before anything is written, then the
-// plain parameters, the backend's kernel, and the reduction of the per-sample losses in sample order. Lengths and
-// labels are read on the host (through host copies of device operands): a bad one is named before any kernel runs.
+// plain parameters, the backend's kernel, and the reduction of the per-sample losses in sample order. On the CPU,
+// lengths and labels are checked here; a device call (CtcDeviceCall) checks them on its device, except the lengths of
+// concatenated targets (read here, through host copies of device ones), and this reports what it found.
 #include "lossfuse/ctc.hpp"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -25,7 +27,10 @@ struct CtcProblem {
   std::int64_t T = 0, N = 0, C = 0, S = 0;
   std::int64_t L = 1;
   DType acc = DType::f32;
-  std::vector<std::int64_t> il, tl, offset, start;  // start: index of sample b's first label (concatenated)
+  // il, tl: the lengths read on the host (il_read, tl_read; else on the device only). start: index of sample b's
+  // first label (concatenated).
+  std::vector<std::int64_t> il, tl, offset, start;
+  bool il_read = true, tl_read = true;
   std::int64_t target_stride = 1;
   Device device = Device::cpu;  // log_probs': every operand and output lives there (the lengths also on the host)
 };
@@ -39,8 +44,8 @@ void check_integer(const TensorView& t, std::string_view name) {
 }
 
 // A length tensor: (N) when batched, one element (0-d or (1)) when not, on the host or log_probs' device; returns
-// its values.
-std::vector<std::int64_t> read_lengths(const TensorView& t, std::string_view name, const CtcProblem& pb) {
+// its values (none unless `read`).
+std::vector<std::int64_t> read_lengths(const TensorView& t, std::string_view name, const CtcProblem& pb, bool read) {
   core::check_view(t, name, t.device == Device::cpu ? Device::cpu : pb.device);
   check_integer(t, name);
   if (pb.batched) {
@@ -52,11 +57,43 @@ std::vector<std::int64_t> read_lengths(const TensorView& t, std::string_view nam
     throw Error(ErrorCode::shape_mismatch, std::string(name), "one element (shape () or (1)) for unbatched log_probs",
                 "shape " + t.shape_string());
   }
+  if (!read) return {};
   std::vector<std::int64_t> v(static_cast<std::size_t>(pb.N));
   const std::int64_t stride = t.ndim == 1 ? t.strides[0] : 0;
   const core::HostCopy host(t);
   for (std::int64_t b = 0; b < pb.N; ++b) v[b] = core::read_target(host.view().data, t.dtype, b * stride);
   return v;
+}
+
+// The element stride between a length tensor's values.
+std::int64_t length_stride(const TensorView& t) { return t.ndim == 1 ? t.strides[0] : 0; }
+
+Error bad_input_length(const CtcProblem& pb, std::int64_t b, std::int64_t v) {
+  return Error(ErrorCode::invalid_value, "input_lengths", "values in [0, " + str(pb.T) + "] (T of log_probs)",
+               str(v) + " at position [" + str(b) + "]");
+}
+
+Error bad_target_length(const CtcProblem& pb, std::int64_t b, std::int64_t v) {
+  return Error(
+      ErrorCode::invalid_value, "target_lengths",
+      pb.concatenated ? std::string("values >= 0") : "values in [0, " + str(pb.S) + "] (S of the padded targets)",
+      str(v) + " at position [" + str(b) + "]");
+}
+
+// Label s of sample b, value v.
+Error bad_label(const CtcProblem& pb, const TensorView& targets, std::int64_t blank, std::int64_t b, std::int64_t s,
+                std::int64_t v) {
+  std::string where = "[";
+  if (pb.concatenated) {
+    where.append(str(pb.start[b] + s)).append("] (sample ").append(str(b)).append(", label ");
+    where.append(str(s)).append(")");
+  } else {
+    if (targets.ndim == 2) where.append(str(b)).append(", ");
+    where.append(str(s)).append("]");
+  }
+  return Error(ErrorCode::index_error, "targets",
+               "labels in [0, " + str(pb.C) + ") other than blank (" + str(blank) + ")",
+               str(v) + " at position " + where);
 }
 
 CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const TensorView& input_lengths,
@@ -103,19 +140,31 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
     pb.S = targets.shape[targets.ndim - 1];
   }
 
-  pb.il = read_lengths(input_lengths, "input_lengths", pb);
-  pb.tl = read_lengths(target_lengths, "target_lengths", pb);
-  for (std::int64_t b = 0; b < pb.N; ++b) {
-    if (pb.il[b] < 0 || pb.il[b] > pb.T) {
-      throw Error(ErrorCode::invalid_value, "input_lengths", "values in [0, " + str(pb.T) + "] (T of log_probs)",
-                  str(pb.il[b]) + " at position [" + str(b) + "]");
+  // A device call checks the lengths of padded targets on its device (CtcDeviceCall), reading device ones there;
+  // concatenated targets need theirs here (each sample's first label, the padded width).
+  const bool host_checks = pb.device == Device::cpu || pb.concatenated;
+  if (pb.device != Device::cpu && core::backend_for(lp, "log_probs").capturing()) {  // no host values in a graph
+    if (pb.concatenated) {
+      throw Error(ErrorCode::invalid_value, "targets", "padded (N, S) targets under stream capture",
+                  "concatenated targets (their lengths are read on the host)");
     }
-    if (pb.tl[b] < 0 || (!pb.concatenated && pb.tl[b] > pb.S)) {
-      throw Error(
-          ErrorCode::invalid_value, "target_lengths",
-          pb.concatenated ? std::string("values >= 0") : "values in [0, " + str(pb.S) + "] (S of the padded targets)",
-          str(pb.tl[b]) + " at position [" + str(b) + "]");
+    const std::pair<const TensorView*, const char*> lengths[] = {{&input_lengths, "input_lengths"},
+                                                                 {&target_lengths, "target_lengths"}};
+    for (const auto& [t, name] : lengths) {
+      if (t->device == Device::cpu) {
+        throw Error(ErrorCode::invalid_value, name,
+                    "a " + std::string(device_name(pb.device)) + " tensor under stream capture",
+                    "a host tensor (its values cannot be copied into a graph)");
+      }
     }
+  }
+  pb.il_read = host_checks || input_lengths.device == Device::cpu;
+  pb.tl_read = host_checks || target_lengths.device == Device::cpu;
+  pb.il = read_lengths(input_lengths, "input_lengths", pb, pb.il_read);
+  pb.tl = read_lengths(target_lengths, "target_lengths", pb, pb.tl_read);
+  for (std::int64_t b = 0; host_checks && b < pb.N; ++b) {
+    if (pb.il[b] < 0 || pb.il[b] > pb.T) throw bad_input_length(pb, b, pb.il[b]);
+    if (pb.tl[b] < 0 || (!pb.concatenated && pb.tl[b] > pb.S)) throw bad_target_length(pb, b, pb.tl[b]);
   }
 
   // Where each sample's labels start, and their stride.
@@ -159,24 +208,13 @@ CtcProblem check_problem(const TensorView& lp, const TensorView& targets, const 
   }
   pb.L = 2 * pb.S + 1;
 
-  // Every used label in [0, C) and not blank: the first bad one is reported, in sample order.
-  const core::HostCopy labels(targets);
+  // Every used label in [0, C) and not blank: the first bad one is reported, in sample order (a device call: on its
+  // device).
+  if (pb.device != Device::cpu) return pb;
   for (std::int64_t b = 0; b < pb.N; ++b) {
     for (std::int64_t s = 0; s < pb.tl[b]; ++s) {
-      const std::int64_t v = core::read_target(labels.view().data, targets.dtype, pb.offset[b] + s * pb.target_stride);
-      if (v < 0 || v >= pb.C || v == o.blank) {
-        std::string where = "[";
-        if (pb.concatenated) {
-          where.append(str(pb.start[b] + s)).append("] (sample ").append(str(b)).append(", label ");
-          where.append(str(s)).append(")");
-        } else {
-          if (targets.ndim == 2) where.append(str(b)).append(", ");
-          where.append(str(s)).append("]");
-        }
-        throw Error(ErrorCode::index_error, "targets",
-                    "labels in [0, " + str(pb.C) + ") other than blank (" + str(o.blank) + ")",
-                    str(v) + " at position " + where);
-      }
+      const std::int64_t v = core::read_target(targets.data, targets.dtype, pb.offset[b] + s * pb.target_stride);
+      if (v < 0 || v >= pb.C || v == o.blank) throw bad_label(pb, targets, o.blank, b, s, v);
     }
   }
   return pb;
@@ -197,6 +235,37 @@ void check_alpha(const TensorView& t, const CtcProblem& pb) {
   const std::int64_t batched[3] = {pb.T, pb.N, pb.L}, single[2] = {pb.T, pb.L};
   core::check_shape(t, "log_alpha", pb.batched ? batched : single, pb.batched ? 3 : 2);
   core::check_contiguous(t, "log_alpha");
+}
+
+// Element `offset` of an integer view, read on the host (one element copied for a device view).
+std::int64_t read_integer_at(const TensorView& t, std::int64_t offset) {
+  TensorView one = t;
+  one.data = static_cast<unsigned char*>(t.data) + offset * static_cast<std::int64_t>(dtype_size(t.dtype));
+  one.ndim = 0;
+  const core::HostCopy host(one);
+  return core::read_target(host.view().data, t.dtype, 0);
+}
+
+// The error of the bad input a device call found (CtcDeviceCall::bad), its value read back.
+Error device_call_error(std::int64_t key, const CtcProblem& pb, const TensorView& targets,
+                        const TensorView& input_lengths, const TensorView& target_lengths, std::int64_t blank) {
+  if (key < 2 * pb.N) {
+    const std::int64_t b = key / 2;
+    const bool tl = key % 2 == 1;
+    const TensorView& t = tl ? target_lengths : input_lengths;
+    const bool read = tl ? pb.tl_read : pb.il_read;
+    const std::int64_t v = read ? (tl ? pb.tl : pb.il)[b] : read_integer_at(t, b * length_stride(t));
+    return tl ? bad_target_length(pb, b, v) : bad_input_length(pb, b, v);
+  }
+  const std::int64_t flat = key - 2 * pb.N;
+  std::int64_t b = 0;
+  if (pb.concatenated) {
+    b = std::upper_bound(pb.start.begin(), pb.start.end(), flat) - pb.start.begin() - 1;
+  } else {
+    b = flat / std::max<std::int64_t>(pb.S, 1);
+  }
+  const std::int64_t s = pb.concatenated ? flat - pb.start[b] : flat - b * pb.S;
+  return bad_label(pb, targets, blank, b, s, read_integer_at(targets, pb.offset[b] + s * pb.target_stride));
 }
 
 // Per-sample values into a contiguous Acc output, on the device it lives on.
@@ -260,26 +329,54 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
   p.lp_sc = lp.strides[lp.ndim - 1];
   p.targets = targets.data;
   p.target_dtype = targets.dtype;
-  p.target_offset = pb.offset.data();
   p.target_stride = pb.target_stride;
-  p.input_lengths = pb.il.data();
-  p.target_lengths = pb.tl.data();
+  p.input_lengths = pb.il_read ? pb.il.data() : nullptr;
+  p.target_lengths = pb.tl_read ? pb.tl.data() : nullptr;
   p.blank = o.blank;
   p.zero_infinity = o.zero_infinity;
+  if (out != nullptr && out->log_alpha) p.log_alpha = out->log_alpha->data;
+  if (grad != nullptr) {
+    p.grad = grad->data;
+    p.g_st = grad->strides[0];
+    p.g_sn = pb.batched ? grad->strides[1] : 0;
+    p.g_sc = grad->strides[grad->ndim - 1];
+    if (alpha_in) p.log_alpha = alpha_in->data, p.alpha_ready = true;
+  }
 
-  // The CPU's scratch and alpha workspace come from here; a device backend allocates its own (CtcParams).
-  const bool host_scratch = pb.device == Device::cpu;
-  std::vector<Acc> scratch(host_scratch ? static_cast<std::size_t>(pb.N * core::ctc_scratch_elems(pb.L, pb.C)) : 0);
-  std::vector<std::int64_t> labels(host_scratch ? static_cast<std::size_t>(pb.N * pb.L) : 0);
+  const core::Backend& be = core::backend_for(lp, "log_probs");
+  if (pb.device != Device::cpu) {  // a device call: every step after the checks on the device (CtcDeviceCall)
+    core::CtcDeviceCall call;
+    p.device_call = &call;
+    const auto lengths = [](const TensorView& t) { return core::CtcLengths{t.data, t.dtype, length_stride(t)}; };
+    if (!pb.il_read) call.input_lengths = lengths(input_lengths);
+    if (!pb.tl_read) call.target_lengths = lengths(target_lengths);
+    call.concatenated = pb.concatenated;
+    if (pb.concatenated) call.target_start = pb.start.data();
+    if (pb.batched && !pb.concatenated) call.target_batch_stride = targets.strides[0];
+    call.reduction = o.reduction;
+    if (out != nullptr) {
+      call.loss = out->loss.data;
+      if (out->neg_log_likelihood) call.nll = out->neg_log_likelihood->data;
+    } else if (grad_loss) {
+      call.grad_loss = grad_loss->data;
+      call.grad_loss_stride = o.reduction == Reduction::none && pb.batched ? grad_loss->strides[0] : 0;
+    }
+    be.ctc(p);
+    if (call.bad >= 0) throw device_call_error(call.bad, pb, targets, input_lengths, target_lengths, o.blank);
+    return;
+  }
+
+  // The CPU's scratch and alpha workspace.
+  p.target_offset = pb.offset.data();
+  std::vector<Acc> scratch(static_cast<std::size_t>(pb.N * core::ctc_scratch_elems(pb.L, pb.C)));
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(pb.N * pb.L));
   std::vector<double> nll(static_cast<std::size_t>(pb.N));
   std::vector<Acc> alpha_ws;
-  p.scratch = host_scratch ? scratch.data() : nullptr;
-  p.label_scratch = host_scratch ? labels.data() : nullptr;
+  p.scratch = scratch.data();
+  p.label_scratch = labels.data();
   p.nll = nll.data();
-  const core::Backend& be = core::backend_for(lp, "log_probs");
 
   if (out != nullptr) {
-    if (out->log_alpha) p.log_alpha = out->log_alpha->data;
     be.ctc(p);
     // Per-sample values in Acc, as the kernel computed them (double holds them exactly).
     if (out->neg_log_likelihood) store_acc<Acc>(be, *out->neg_log_likelihood, nll);
@@ -320,14 +417,7 @@ void run(const TensorView& lp, const TensorView& targets, const TensorView& inpu
     scale[b] = g;
   }
   p.grad_scale = scale.data();
-  p.grad = grad->data;
-  p.g_st = grad->strides[0];
-  p.g_sn = pb.batched ? grad->strides[1] : 0;
-  p.g_sc = grad->strides[grad->ndim - 1];
-  if (alpha_in) {
-    p.log_alpha = alpha_in->data;
-    p.alpha_ready = true;
-  } else if (host_scratch) {
+  if (!alpha_in) {
     alpha_ws.resize(static_cast<std::size_t>(pb.T * pb.N * pb.L));
     p.log_alpha = alpha_ws.data();
   }

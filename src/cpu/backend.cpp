@@ -10,6 +10,7 @@ namespace lossfuse::core {
 namespace {
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+bool never() { return false; }
 
 }  // namespace
 
@@ -18,6 +19,7 @@ const Backend* cpu_backend() noexcept {
       Device::cpu,
       copy_bytes,
       copy_bytes,
+      never,
       cpu::cross_entropy_rows,
       cpu::nll_rows,
       cpu::pointwise_run,

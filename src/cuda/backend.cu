@@ -77,8 +77,16 @@ template void weights_to_acc<double>(const void*, DType, std::int64_t, std::int6
 namespace lossfuse::core {
 namespace {
 
+// A host copy under stream capture would invalidate the capture: refused, the capture left as it was.
+void refuse_under_capture(const char* what) {
+  if (cuda::stream_capturing()) {
+    throw Error(ErrorCode::invalid_value, "stream", "a stream that is not capturing a CUDA graph", what);
+  }
+}
+
 // On the caller's stream, so that a copy sees that stream's earlier work (an operand a framework kernel just wrote).
 void to_host(void* host, const void* src, std::size_t bytes) {
+  refuse_under_capture("a capturing stream (this call reads device values on the host)");
   cuda::check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()),
               "cudaMemcpyAsync (device to host)");
   cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (device to host)");
@@ -86,6 +94,7 @@ void to_host(void* host, const void* src, std::size_t bytes) {
 
 // The host buffer may be reused once this returns: the stream is synchronised (pageable memory is staged anyway).
 void from_host(void* dst, const void* host, std::size_t bytes) {
+  refuse_under_capture("a capturing stream (this call copies host values to the device)");
   cuda::check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda::stream()),
               "cudaMemcpyAsync (host to device)");
   cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (host to device)");
@@ -102,6 +111,7 @@ const Backend* cuda_backend() noexcept {
       Device::cuda,
       to_host,
       from_host,
+      cuda::stream_capturing,
       cuda::cross_entropy_rows,
       cuda::nll_rows,
       cuda::pointwise_run,

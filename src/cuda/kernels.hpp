@@ -1,9 +1,8 @@
 // The CUDA backend's kernel entries (src/cuda/backend.cu puts them in its table). Each takes the params core
-// filled: operands and outputs in device memory. Cross-entropy, NLL, the elementwise and margin losses and the fused
-// linear loss are device calls (core::CeDeviceCall, core::PwDeviceCall, core::MarginDeviceCall, LceParams::
-// device_call: every step on the device); CTC takes host arrays (CtcParams). Entries return once their work is
-// queued and their one read-back done where they have one (CTC: once the device has finished), and throw
-// Error(device_error) when a CUDA call fails.
+// filled: operands and outputs in device memory. Every entry is a device call (core::CeDeviceCall, PwDeviceCall,
+// MarginDeviceCall, CtcDeviceCall, LceParams::device_call: every step after core's checks on the device). Entries
+// return once their work is queued and their one read-back done where they have one, and throw Error(device_error)
+// when a CUDA call fails.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +41,7 @@ class CeDeviceRows {
 };
 
 void pointwise_run(const core::PwParams& p);       // src/cuda/pointwise.cu
-void ctc_run_samples(const core::CtcParams& p);    // src/cuda/ctc.cu: host arrays and nll as CtcParams says
+void ctc_run_samples(const core::CtcParams& p);    // src/cuda/ctc.cu: a device call (core::CtcDeviceCall)
 // src/cuda/margin.cu
 void triplet_margin_rows(const core::MarginParams& p);
 void cosine_embedding_rows(const core::MarginParams& p);

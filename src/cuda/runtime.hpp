@@ -2,8 +2,7 @@
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
 // (include/lossfuse/device.hpp; default: the legacy default stream). The device calls (cross-entropy, NLL and the
 // fused linear loss: core::CeDeviceCall; the elementwise losses: core::PwDeviceCall; the margin losses:
-// core::MarginDeviceCall) read back at most one value and, under stream capture, none; CTC synchronises the stream
-// before it returns (its per-sample losses come back to the host).
+// core::MarginDeviceCall; CTC: core::CtcDeviceCall) read back at most one value and, under stream capture, none.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -142,7 +141,8 @@ class Scratch {
 };
 
 // n host values into `buf` (n or more elements) on the calling thread's stream; returns buf's pointer, or nullptr
-// when `host` is. The host array must outlive the call's synchronisation (core's weight vectors do).
+// when `host` is. The host array must outlive the stream's next synchronisation (core's vectors outlive the call's
+// read-back); never under stream capture.
 template <class T>
 const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
   if (host == nullptr) return nullptr;

@@ -26,6 +26,8 @@ TEST(Backend, CpuTableFillsEveryFamily) {
   EXPECT_NE(cpu->nll, nullptr);
   EXPECT_NE(cpu->pointwise, nullptr);
   EXPECT_NE(cpu->value_scan, nullptr);
+  ASSERT_NE(cpu->capturing, nullptr);
+  EXPECT_FALSE(cpu->capturing());
   EXPECT_NE(cpu->ctc, nullptr);
   EXPECT_NE(cpu->triplet_margin, nullptr);
   EXPECT_NE(cpu->cosine_embedding, nullptr);

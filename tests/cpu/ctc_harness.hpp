@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -226,7 +227,9 @@ struct Got {
 
 // Forward (loss, nll, log_alpha when with_alpha), then the backward with and without the saved log_alpha, on the
 // device `mem` gives (nullptr: the CPU): every operand and output through a Mirror, the outputs back on the host.
-inline Got run_lib(Problem& p, bool with_alpha = true, const DeviceMemory* mem = nullptr) {
+// `around` (when given) runs the three calls, e.g. captured into a CUDA graph.
+inline Got run_lib(Problem& p, bool with_alpha = true, const DeviceMemory* mem = nullptr,
+                   const std::function<void(const std::function<void()>&)>& around = nullptr) {
   Got g;
   g.loss = Tensor::make(p.acc(), p.loss_shape(), Layout::contiguous, kSentinel);
   g.nll = Tensor::make(p.acc(), p.sample_shape(), Layout::contiguous, kSentinel);
@@ -241,11 +244,19 @@ inline Got run_lib(Problem& p, bool with_alpha = true, const DeviceMemory* mem =
   out.neg_log_likelihood = m(g.nll);
   if (with_alpha) out.log_alpha = m(g.alpha);
   const CtcOptions o = options_of(p.c);
-  lossfuse::ctc_forward(lp, targets, il, tl, o, out);
   std::optional<TensorView> up;
   if (p.grad_loss) up = m(*p.grad_loss);
-  lossfuse::ctc_backward(lp, targets, il, tl, up, o, m(g.grad), out.log_alpha);
-  lossfuse::ctc_backward(lp, targets, il, tl, up, o, m(g.grad2));
+  const TensorView grad = m(g.grad), grad2 = m(g.grad2);
+  const auto calls = [&] {
+    lossfuse::ctc_forward(lp, targets, il, tl, o, out);
+    lossfuse::ctc_backward(lp, targets, il, tl, up, o, grad, out.log_alpha);
+    lossfuse::ctc_backward(lp, targets, il, tl, up, o, grad2);
+  };
+  if (around) {
+    around(calls);
+  } else {
+    calls();
+  }
   m.download();
   return g;
 }
@@ -290,6 +301,123 @@ inline void check_case(const Case& c, const DeviceMemory* mem = nullptr) {
   SCOPED_TRACE(describe(c));
   Problem p = make_problem(c);
   check_problem(p, mem);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Bad inputs: each names its argument, the first bad one in core's order (lengths by sample, then labels in flat
+// order), and nothing is written to any output. On a device the lengths and labels are checked there; host_lengths
+// keeps the lengths on the host beside device operands.
+
+struct ErrCase {
+  std::string name;
+  ErrorCode code;
+  std::string argument;
+  std::function<void(Problem&, CtcOptions&)> edit;
+  std::string actual_contains;
+  bool concatenated = false;
+};
+
+inline void check_bad_inputs(const DeviceMemory* mem = nullptr, bool host_lengths = false) {
+  const std::vector<ErrCase> cases = {
+      {"input_length > T", ErrorCode::invalid_value, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.il.set_int(1, 9); }, "9 at position [1]"},
+      {"input_length < 0", ErrorCode::invalid_value, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.il.set_int(2, -1); }, "-1 at position [2]"},
+      {"target_length > S", ErrorCode::invalid_value, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(0, 5); }, "5 at position [0]"},
+      {"target_length < 0", ErrorCode::invalid_value, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(0, -2); }, "-2 at position [0]"},
+      {"label out of range", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(1 * p.S + 1, 5); }, "5 at position [1, 1]"},
+      {"negative label", ErrorCode::index_error, "targets", [](Problem& p, CtcOptions&) { p.targets.set_int(0, -4); },
+       "-4 at position [0, 0]"},
+      {"label equal to blank", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(2 * p.S + 0, 0); }, "0 at position [2, 0]"},
+      {"a length before an earlier sample's label", ErrorCode::invalid_value, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(0, 7), p.il.set_int(2, 7); }, "7 at position [2]"},
+      {"the sample's input length before its target length", ErrorCode::invalid_value, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(1, 9), p.il.set_int(1, -3); }, "-3 at position [1]"},
+      {"an earlier sample's target length first", ErrorCode::invalid_value, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(0, 9), p.il.set_int(1, -3); }, "9 at position [0]"},
+      {"the first of two bad labels", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(2 * p.S, 6), p.targets.set_int(1 * p.S + 1, -1); },
+       "-1 at position [1, 1]"},
+      {"concatenated: a label's flat position", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(4, 0), p.targets.set_int(3, 0); },
+       "0 at position [3] (sample 1, label 1)", true},
+      {"concatenated: lengths not summing to the targets'", ErrorCode::shape_mismatch, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(2, 2); }, "a sum of 6", true},
+      {"blank out of range", ErrorCode::invalid_value, "blank", [](Problem&, CtcOptions& o) { o.blank = 5; }, "5"},
+      {"negative blank", ErrorCode::invalid_value, "blank", [](Problem&, CtcOptions& o) { o.blank = -1; }, "-1"},
+      {"float targets", ErrorCode::dtype_mismatch, "targets",
+       [](Problem& p, CtcOptions&) {
+         p.targets = Tensor::make(DType::f32, {3, p.S});
+       },
+       "float32"},
+      {"float lengths", ErrorCode::dtype_mismatch, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.il = Tensor::make(DType::f64, {3}); }, "float64"},
+      {"integer log_probs", ErrorCode::dtype_mismatch, "log_probs",
+       [](Problem& p, CtcOptions&) {
+         p.lp = Tensor::make(DType::i32, {6, 3, 5});
+       },
+       ""},
+      {"log_probs 4-D", ErrorCode::shape_mismatch, "log_probs",
+       [](Problem& p, CtcOptions&) {
+         p.lp = Tensor::make(DType::f64, {6, 3, 5, 1});
+       },
+       "(6, 3, 5, 1)"},
+      {"targets N mismatch", ErrorCode::shape_mismatch, "targets",
+       [](Problem& p, CtcOptions&) {
+         p.targets = Tensor::make(DType::i64, {2, p.S});
+       },
+       "(2, "},
+      {"targets 3-D", ErrorCode::shape_mismatch, "targets",
+       [](Problem& p, CtcOptions&) {
+         p.targets = Tensor::make(DType::i64, {3, p.S, 1});
+       },
+       ""},
+      {"input_lengths N mismatch", ErrorCode::shape_mismatch, "input_lengths",
+       [](Problem& p, CtcOptions&) { p.il = Tensor::make(DType::i64, {4}); }, "(4)"},
+      {"target_lengths N mismatch", ErrorCode::shape_mismatch, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl = Tensor::make(DType::i32, {2}); }, "(2)"},
+      {"bad reduction", ErrorCode::invalid_value, "reduction",
+       [](Problem&, CtcOptions& o) { o.reduction = static_cast<Reduction>(7); }, "7"},
+  };
+  for (const auto& ec : cases) {
+    SCOPED_TRACE(ec.name);
+    Case c;
+    c.T = 6, c.N = 3, c.C = 5, c.reduction = Reduction::none, c.concatenated = ec.concatenated;
+    c.labels = {{1, 2}, {3, 3}, {4}};
+    c.S = 4;
+    Problem p = make_problem(c);
+    CtcOptions o = options_of(c);
+    ec.edit(p, o);
+    Tensor loss = Tensor::make(p.acc(), p.loss_shape(), Layout::contiguous, kSentinel);
+    Tensor nll = Tensor::make(p.acc(), p.sample_shape(), Layout::contiguous, kSentinel);
+    Tensor alpha = Tensor::make(p.acc(), p.alpha_shape(), Layout::contiguous, kSentinel);
+    Tensor grad = Tensor::make(DType::f64, {6, 3, 5}, Layout::contiguous, kSentinel);
+    Mirror m(mem);
+    const TensorView lp = m(p.lp), targets = m(p.targets);
+    const TensorView il = host_lengths ? p.il.view : m(p.il), tl = host_lengths ? p.tl.view : m(p.tl);
+    const CtcOutputs out{m(loss), m(nll), m(alpha)};
+    const TensorView g = m(grad);
+    auto expect_error = [&](const char* entry, const std::function<void()>& call) {
+      try {
+        call();
+        ADD_FAILURE() << entry << " did not throw";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ec.code) << entry << ": " << e.what();
+        EXPECT_EQ(e.argument(), ec.argument) << entry << ": " << e.what();
+        EXPECT_NE(e.actual().find(ec.actual_contains), std::string::npos) << entry << ": " << e.what();
+        EXPECT_FALSE(e.expected().empty());
+      }
+    };
+    expect_error("forward", [&] { lossfuse::ctc_forward(lp, targets, il, tl, o, out); });
+    expect_error("backward", [&] { lossfuse::ctc_backward(lp, targets, il, tl, std::nullopt, o, g); });
+    m.download();
+    for (const Tensor* t : {&loss, &nll, &alpha, &grad})
+      for (auto byte : t->storage) ASSERT_EQ(byte, kSentinel) << "an output was written";
+  }
 }
 
 }  // namespace lftest::ctc

@@ -2,13 +2,16 @@
 // the log_alpha workspace and the gradient, with and without the saved workspace), through device copies of every
 // operand: each dtype, reduction and target form, every integer dtype of targets and lengths, impossible and empty
 // alignments, -inf log-probabilities, extended label sequences longer than a block (2 S + 1 > 256) and more classes
-// than a block, lengths on the host, bad labels refused with nothing written, bitwise repeats. Without a CUDA device
-// every test is skipped (main exits 77).
+// than a block, lengths on the host, bad inputs refused with nothing written, bitwise repeats, CUDA-graph capture
+// (eager bits, NaN for a bad sample, host values refused). Without a CUDA device every test is skipped (main
+// exits 77).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/ctc_harness.hpp"
@@ -105,25 +108,11 @@ TEST(CtcCuda, LengthsOnTheHost) {
   EXPECT_TRUE(close_all("loss", loss.values(), e.loss, e.loss_tol, DType::f32));
 }
 
-TEST(CtcCuda, BadLabelIsNamedAndNothingIsWritten) {
-  Case c;
-  c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.blank = 0, c.reduction = Reduction::none;
-  c.labels = {{1, 2}, {3, 4, 5}, {2}};
-  Problem p = make_problem(c);
-  p.targets.set_int(1 * p.S + 1, 0);  // the blank as a label, sample 1 label 1
-  Tensor loss = Tensor::make(DType::f32, {c.N}, Layout::contiguous, kSentinel);
-  const auto sentinel = loss.storage;
-  Mirror m(&kCuda);
-  try {
-    lossfuse::ctc_forward(m(p.lp), m(p.targets), m(p.il), m(p.tl), options_of(c),
-                          CtcOutputs{m(loss), std::nullopt, std::nullopt});
-    ADD_FAILURE() << "no error for a blank label";
-  } catch (const lossfuse::Error& e) {
-    EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error) << e.what();
-    EXPECT_NE(std::string(e.what()).find("[1, 1]"), std::string::npos) << e.what();
-  }
-  m.download();
-  EXPECT_TRUE(loss.storage == sentinel) << "loss written despite the error";
+// The CPU's table of bad inputs (ctc_harness.hpp): on CUDA the lengths and labels are checked on the device, and the
+// first bad one in core's order is named, its value read back; nothing is written. Also with the lengths on the host.
+TEST(CtcCuda, BadInputsAreNamedAndNothingIsWritten) {
+  check_bad_inputs(&kCuda);
+  check_bad_inputs(&kCuda, true);
 }
 
 TEST(CtcCuda, RepeatsBitwise) {
@@ -133,6 +122,86 @@ TEST(CtcCuda, RepeatsBitwise) {
   const Got a = run_lib(p, true, &kCuda), b = run_lib(p, true, &kCuda);
   EXPECT_TRUE(a.loss.storage == b.loss.storage && a.alpha.storage == b.alpha.storage);
   EXPECT_TRUE(a.grad.storage == b.grad.storage && a.grad2.storage == b.grad2.storage);
+}
+
+void captured(const std::function<void()>& calls) { run_captured(calls); }
+
+bool same_bits(const Got& a, const Got& b) {
+  return a.loss.storage == b.loss.storage && a.nll.storage == b.nll.storage && a.alpha.storage == b.alpha.storage &&
+         a.grad.storage == b.grad.storage && a.grad2.storage == b.grad2.storage;
+}
+
+// Padded targets with device lengths: the forward (loss, nll, log_alpha) and both backwards captured into a CUDA graph
+// (run_captured: any host synchronisation fails the capture) give the eager calls' bits.
+TEST(CtcCudaGraph, CapturedCallsMatchEager) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (Reduction r : {Reduction::mean, Reduction::none, Reduction::sum}) {
+      Case c;
+      c.dt = dt, c.reduction = r, c.zero_infinity = r != Reduction::sum, c.T = 40, c.N = 6, c.C = 20, c.blank = 4;
+      c.il = {40, 33, 2, 0, 17, 40};
+      c.tdt = DType::i32, c.ildt = DType::u8, c.tldt = DType::i16;
+      c.upstream = r == Reduction::none ? 1.25 : 0.5;
+      c.seed = static_cast<std::uint64_t>(static_cast<int>(dt) * 3 + static_cast<int>(r));
+      SCOPED_TRACE(describe(c));
+      Problem p = make_problem(c);
+      const Got eager = run_lib(p, true, &kCuda);
+      EXPECT_TRUE(same_bits(run_lib(p, true, &kCuda, captured), eager)) << "captured bits differ from eager";
+    }
+}
+
+// Under capture nothing is read back: a sample with a bad label or length gets a NaN loss, nll and gradient (and a
+// reduced loss over it is NaN); the other samples keep their values.
+TEST(CtcCudaGraph, BadInputsUnderCaptureMakeTheirSampleNaN) {
+  const std::vector<std::pair<const char*, std::function<void(Problem&)>>> edits = {
+      {"blank as a label", [](Problem& p) { p.targets.set_int(1 * p.S + 1, p.c.blank); }},
+      {"label >= C", [](Problem& p) { p.targets.set_int(1 * p.S, p.c.C); }},
+      {"input length > T", [](Problem& p) { p.il.set_int(1, p.c.T + 1); }},
+      {"target length > S", [](Problem& p) { p.tl.set_int(1, p.S + 1); }},
+  };
+  for (const auto& [name, edit] : edits)
+    for (Reduction r : {Reduction::none, Reduction::mean}) {
+      SCOPED_TRACE(std::string(name) + " " + std::string(lossfuse::reduction_name(r)));
+      Case c;
+      c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.blank = 0, c.reduction = r, c.upstream = 1.0;
+      c.labels = {{1, 2}, {3, 4, 5}, {2}};
+      Problem clean = make_problem(c), bad = make_problem(c);
+      edit(bad);
+      const Got want = run_lib(clean, true, &kCuda), got = run_lib(bad, true, &kCuda, captured);
+      if (r == Reduction::none) {
+        EXPECT_TRUE(std::isnan(got.loss.get(1)));
+        EXPECT_EQ(got.loss.get(0), want.loss.get(0));
+        EXPECT_EQ(got.loss.get(2), want.loss.get(2));
+      } else {
+        EXPECT_TRUE(std::isnan(got.loss.get(0)));
+      }
+      EXPECT_TRUE(std::isnan(got.nll.get(1)));
+      for (std::int64_t t = 0; t < c.T; ++t)
+        for (std::int64_t k = 0; k < c.C; ++k) {
+          ASSERT_TRUE(std::isnan(got.grad.get(bad.idx(t, 1, k))) && std::isnan(got.grad2.get(bad.idx(t, 1, k))));
+          ASSERT_EQ(got.grad.get(bad.idx(t, 0, k)), want.grad.get(bad.idx(t, 0, k)));
+        }
+    }
+}
+
+// Host values cannot go into a graph: lengths on the host and concatenated targets (whose lengths core reads) are
+// refused under capture, naming the argument, before anything is written or the capture is spoiled.
+TEST(CtcCudaGraph, HostValuesAreRefusedUnderCapture) {
+  for (bool concatenated : {false, true}) {
+    Case c;
+    c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.reduction = Reduction::mean, c.concatenated = concatenated;
+    Problem p = make_problem(c);
+    Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+    Mirror m(&kCuda);
+    const TensorView lp = m(p.lp), targets = m(p.targets), out = m(loss);
+    const TensorView il = concatenated ? m(p.il) : p.il.view, tl = concatenated ? m(p.tl) : p.tl.view;
+    const auto e = error_under_capture([&] {
+      lossfuse::ctc_forward(lp, targets, il, tl, options_of(c), CtcOutputs{out, std::nullopt, std::nullopt});
+    });
+    ASSERT_TRUE(e.has_value()) << "no error under capture";
+    EXPECT_EQ(e->argument(), concatenated ? "targets" : "input_lengths") << e->what();
+    m.download();
+    for (auto byte : loss.storage) ASSERT_EQ(byte, kSentinel) << "loss written";
+  }
 }
 
 }  // namespace

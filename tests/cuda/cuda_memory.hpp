@@ -1,5 +1,6 @@
-// lossfuse's CUDA tests: device memory for tests/device_mirror.hpp's Mirror, a CUDA-graph capture of a call, and the
-// main that skips (exit 77, which ctest reports as skipped, never passed) on a machine without a CUDA device.
+// lossfuse's CUDA tests: device memory for tests/device_mirror.hpp's Mirror, a CUDA-graph capture of a call (and of a
+// call that must be refused), and the main that skips (exit 77, which ctest reports as skipped, never passed) on a
+// machine without a CUDA device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,11 +8,13 @@
 
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "device_mirror.hpp"
 #include "lossfuse/device.hpp"
+#include "lossfuse/error.hpp"
 
 namespace lftest {
 
@@ -69,6 +72,33 @@ void run_captured(F&& call) {
   if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
   if (graph != nullptr) (void)cudaGraphDestroy(graph);
   (void)cudaStreamDestroy(stream);
+}
+
+// Runs `call` under a CUDA-graph capture (global mode) on a stream of its own and returns the lossfuse::Error it
+// threw (nullopt: none). A test failure unless the capture is still valid when it ends: a refusal must leave the
+// caller's capture as it was.
+template <class F>
+std::optional<lossfuse::Error> error_under_capture(F&& call) {
+  cudaStream_t stream = nullptr;
+  if (!graph_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")) {
+    return std::nullopt;
+  }
+  std::optional<lossfuse::Error> error;
+  {
+    const lossfuse::CudaStreamScope scope(stream);
+    if (graph_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture")) {
+      try {
+        call();
+      } catch (const lossfuse::Error& e) {
+        error = e;
+      }
+      cudaGraph_t graph = nullptr;
+      (void)graph_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture (after the call)");
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+  }
+  (void)cudaStreamDestroy(stream);
+  return error;
 }
 
 inline int run_cuda_tests(int argc, char** argv) {
