@@ -125,8 +125,13 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torc
     if targets.device != log_probs.device:  # torch takes CPU targets with CUDA log_probs; the kernels read them there
         targets = targets.to(log_probs.device)
     # Concatenated targets: the lengths are read on the host (each sample's first label, the log_alpha width), so a
-    # device copy is brought over once here, for the forward and the backward.
-    on_host = targets.dim() == 1 and log_probs.dim() == 3
+    # device copy is brought over once here, for the forward and the backward (as it is for CPU log_probs). Under
+    # CUDA-graph capture that copy cannot be made: refused before it spoils the capture.
+    on_host = (targets.dim() == 1 and log_probs.dim() == 3) or log_probs.device.type == "cpu"
+    if (on_host and log_probs.is_cuda and not torch.compiler.is_compiling()
+            and torch.cuda.is_current_stream_capturing()):
+        raise RuntimeError("lossfuse: targets: expected padded (N, S) targets under stream capture, got concatenated "
+                           "targets (their lengths are read on the host)")
     input_lengths = _lengths(input_lengths, "input_lengths", on_host)
     target_lengths = _lengths(target_lengths, "target_lengths", on_host)
     save_log_alpha = log_probs.requires_grad and torch.is_grad_enabled()

@@ -621,6 +621,20 @@ def test_graph_capture_ctc_training_step(dtype):
     assert torch.isnan(got[0]) and torch.isnan(got[1][:, 0]).all() and not torch.isnan(got[1][:, 1]).any()
 
 
+def test_ctc_loss_host_values_refused_under_capture():
+    """Under CUDA-graph capture, concatenated targets (whose lengths are read on the host) and lengths on the host are
+    refused with an error naming the argument, before any copy that would spoil the capture."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    lp, targets, il, tl = _ctc_inputs(gen)
+    flat = torch.cat([targets[b, :tl[b]] for b in range(len(tl))])
+    for args, name in (((flat, il, tl), "targets"), ((targets, il.tolist(), tl), "input_lengths"),
+                       ((targets, il, tl.cpu()), "target_lengths")):
+        with pytest.raises(RuntimeError, match=name):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                LF.ctc_loss(lp, *args)
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("target_dtype", INT_DTYPES, ids=str)
 def test_ctc_loss_integer_targets(target_dtype):
     gen = torch.Generator(device="cuda").manual_seed(8)

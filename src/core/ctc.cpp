@@ -1,7 +1,9 @@
 // CTC entries: every check (shapes, dtypes, lengths, labels, overlap) before anything is written, then the
 // plain parameters, the backend's kernel, and the reduction of the per-sample losses in sample order. On the CPU,
 // lengths and labels are checked here; a device call (CtcDeviceCall) checks them on its device, except the lengths of
-// concatenated targets (read here, through host copies of device ones), and this reports what it found.
+// concatenated targets (read here, through host copies of device ones), and this reports what it found: the same
+// error as the CPU's for one bad input, but found after the outputs' checks, so that with several faults a device call
+// may name an output first.
 #include "lossfuse/ctc.hpp"
 
 #include <algorithm>

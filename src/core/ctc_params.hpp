@@ -61,8 +61,8 @@ struct CtcParams {
   DType target_dtype = DType::i64;
   const std::int64_t* target_offset = nullptr;   // (N): element offset of sample b's first label (CPU only)
   std::int64_t target_stride = 1;                // element stride between consecutive labels
-  const std::int64_t* input_lengths = nullptr;   // (N), checked on the CPU: 0 <= il <= T
-  const std::int64_t* target_lengths = nullptr;  // (N), checked on the CPU: 0 <= tl, 2 tl + 1 <= L
+  const std::int64_t* input_lengths = nullptr;   // (N), checked (a device call's: by the backend): 0 <= il <= T
+  const std::int64_t* target_lengths = nullptr;  // (N), checked likewise: 0 <= tl, 2 tl + 1 <= L
   std::int64_t blank = 0;
   bool zero_infinity = false;
 

@@ -151,8 +151,8 @@ const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
   return buf.get();
 }
 
-// A check record (an integer in device memory; by convention 0: nothing found) read back on the calling thread's
-// stream, after its queued work: one synchronisation (`what` names that work in an error).
+// A check record (an integer in device memory; 0 for nothing found, except CTC's key: all ones) read back on the
+// calling thread's stream, after its queued work: one synchronisation (`what` names that work in an error).
 template <class T>
 T read_back(const T* record, const char* what) {
   T v{};

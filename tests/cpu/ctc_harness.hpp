@@ -315,6 +315,7 @@ struct ErrCase {
   std::function<void(Problem&, CtcOptions&)> edit;
   std::string actual_contains;
   bool concatenated = false;
+  std::function<void(Case&)> layout;  // the case's target form and layout, when not the padded (N, S) default
 };
 
 inline void check_bad_inputs(const DeviceMemory* mem = nullptr, bool host_lengths = false) {
@@ -347,6 +348,27 @@ inline void check_bad_inputs(const DeviceMemory* mem = nullptr, bool host_length
        "0 at position [3] (sample 1, label 1)", true},
       {"concatenated: lengths not summing to the targets'", ErrorCode::shape_mismatch, "target_lengths",
        [](Problem& p, CtcOptions&) { p.tl.set_int(2, 2); }, "a sum of 6", true},
+      {"concatenated: after a sample of no labels", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(2, 0); }, "0 at position [2] (sample 2, label 0)", true,
+       [](Case& c) {
+         c.labels = {{1, 2}, {}, {4, 3}};
+       }},
+      {"unbatched (S) targets", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(1, 0); }, "0 at position [1]", false,
+       [](Case& c) {
+         c.unbatched = true, c.labels = {{1, 2}};
+       }},
+      {"unbatched (1, S) targets", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(1, 7); }, "7 at position [0, 1]", false,
+       [](Case& c) {
+         c.unbatched = true, c.targets_row = true, c.labels = {{1, 2}};
+       }},
+      {"transposed targets, strided lengths", ErrorCode::index_error, "targets",
+       [](Problem& p, CtcOptions&) { p.targets.set_int(2 * p.S, -2); }, "-2 at position [2, 0]", false,
+       [](Case& c) { c.strided = true; }},
+      {"strided lengths", ErrorCode::invalid_value, "target_lengths",
+       [](Problem& p, CtcOptions&) { p.tl.set_int(2, 6); }, "6 at position [2]", false,
+       [](Case& c) { c.strided = true; }},
       {"blank out of range", ErrorCode::invalid_value, "blank", [](Problem&, CtcOptions& o) { o.blank = 5; }, "5"},
       {"negative blank", ErrorCode::invalid_value, "blank", [](Problem&, CtcOptions& o) { o.blank = -1; }, "-1"},
       {"float targets", ErrorCode::dtype_mismatch, "targets",
@@ -389,13 +411,15 @@ inline void check_bad_inputs(const DeviceMemory* mem = nullptr, bool host_length
     c.T = 6, c.N = 3, c.C = 5, c.reduction = Reduction::none, c.concatenated = ec.concatenated;
     c.labels = {{1, 2}, {3, 3}, {4}};
     c.S = 4;
+    if (ec.layout) ec.layout(c);
     Problem p = make_problem(c);
     CtcOptions o = options_of(c);
+    const std::vector<std::int64_t> lp_shape = p.lp_shape();
     ec.edit(p, o);
     Tensor loss = Tensor::make(p.acc(), p.loss_shape(), Layout::contiguous, kSentinel);
     Tensor nll = Tensor::make(p.acc(), p.sample_shape(), Layout::contiguous, kSentinel);
     Tensor alpha = Tensor::make(p.acc(), p.alpha_shape(), Layout::contiguous, kSentinel);
-    Tensor grad = Tensor::make(DType::f64, {6, 3, 5}, Layout::contiguous, kSentinel);
+    Tensor grad = Tensor::make(DType::f64, lp_shape, Layout::contiguous, kSentinel);
     Mirror m(mem);
     const TensorView lp = m(p.lp), targets = m(p.targets);
     const TensorView il = host_lengths ? p.il.view : m(p.il), tl = host_lengths ? p.tl.view : m(p.tl);

@@ -115,6 +115,26 @@ TEST(CtcCuda, BadInputsAreNamedAndNothingIsWritten) {
   check_bad_inputs(&kCuda, true);
 }
 
+// More samples than the check kernel's grid (4096 blocks, each then strides over samples): the last one's bad label.
+TEST(CtcCuda, BadLabelBeyondTheCheckGrid) {
+  Case c;
+  c.dt = DType::f32, c.T = 3, c.N = 5000, c.C = 4, c.reduction = Reduction::sum;
+  c.labels.assign(5000, {1, 2});
+  Problem p = make_problem(c);
+  p.targets.set_int(4999 * p.S + 1, 9);
+  Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+  Mirror m(&kCuda);
+  try {
+    lossfuse::ctc_forward(m(p.lp), m(p.targets), m(p.il), m(p.tl), options_of(c),
+                          CtcOutputs{m(loss), std::nullopt, std::nullopt});
+    ADD_FAILURE() << "no error for a label of 9";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_NE(e.actual().find("9 at position [4999, 1]"), std::string::npos) << e.what();
+  }
+  m.download();
+  for (auto byte : loss.storage) ASSERT_EQ(byte, kSentinel) << "loss written";
+}
+
 TEST(CtcCuda, RepeatsBitwise) {
   Case c;
   c.dt = DType::bf16, c.T = 60, c.N = 9, c.C = 40, c.reduction = Reduction::mean, c.seed = 5;
@@ -186,19 +206,22 @@ TEST(CtcCudaGraph, BadInputsUnderCaptureMakeTheirSampleNaN) {
 // Host values cannot go into a graph: lengths on the host and concatenated targets (whose lengths core reads) are
 // refused under capture, naming the argument, before anything is written or the capture is spoiled.
 TEST(CtcCudaGraph, HostValuesAreRefusedUnderCapture) {
-  for (bool concatenated : {false, true}) {
+  // (concatenated targets with device lengths; padded targets with input, target or both lengths on the host)
+  const std::array<std::array<bool, 3>, 4> forms = {
+      {{true, false, false}, {false, true, true}, {false, true, false}, {false, false, true}}};
+  for (const auto& [concatenated, il_host, tl_host] : forms) {
     Case c;
     c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.reduction = Reduction::mean, c.concatenated = concatenated;
     Problem p = make_problem(c);
     Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
     Mirror m(&kCuda);
     const TensorView lp = m(p.lp), targets = m(p.targets), out = m(loss);
-    const TensorView il = concatenated ? m(p.il) : p.il.view, tl = concatenated ? m(p.tl) : p.tl.view;
+    const TensorView il = il_host ? p.il.view : m(p.il), tl = tl_host ? p.tl.view : m(p.tl);
     const auto e = error_under_capture([&] {
       lossfuse::ctc_forward(lp, targets, il, tl, options_of(c), CtcOutputs{out, std::nullopt, std::nullopt});
     });
     ASSERT_TRUE(e.has_value()) << "no error under capture";
-    EXPECT_EQ(e->argument(), concatenated ? "targets" : "input_lengths") << e->what();
+    EXPECT_EQ(e->argument(), concatenated ? "targets" : il_host ? "input_lengths" : "target_lengths") << e->what();
     m.download();
     for (auto byte : loss.storage) ASSERT_EQ(byte, kSentinel) << "loss written";
   }
