@@ -47,10 +47,13 @@ TensorView i64(std::vector<std::int64_t>& v, std::initializer_list<std::int64_t>
 // Appends the bytes of each buffer: one job's whole result.
 template <class... Vs>
 std::vector<std::uint8_t> bytes_of(const Vs&... vs) {
-  std::vector<std::uint8_t> out;
+  // Sized first, then copied: GCC 12's -Wstringop-overflow misreads a vector insert of a byte range here.
+  std::vector<std::uint8_t> out(((vs.size() * sizeof(vs[0])) + ... + std::size_t{0}));
+  std::size_t at = 0;
   auto add = [&](const auto& v) {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
-    out.insert(out.end(), p, p + v.size() * sizeof(v[0]));
+    const std::size_t bytes = v.size() * sizeof(v[0]);
+    if (bytes > 0) std::memcpy(out.data() + at, v.data(), bytes);
+    at += bytes;
   };
   (add(vs), ...);
   return out;
