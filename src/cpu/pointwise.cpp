@@ -96,13 +96,22 @@ struct HwyOps {
   }
   HWY_INLINE V exp(V a) const { return ExpAny(d, a); }
 #if LOSSFUSE_HWY_LOG_TABLE
-  // e = e^-|a| in [0, 1] and r = 1 / (1 + e) by the reciprocal estimate and one Newton step.
+  // e = e^-|a| in [0, 1].
+  static HWY_INLINE __m512 ExpNegAbsAvx3(__m512 a) {
+    return avx3::ExpNonPositiveAll(_mm512_or_ps(a, _mm512_set1_ps(-0.0f)));
+  }
+  // e and r = 1 / (1 + e) by the reciprocal estimate and one Newton step.
   static HWY_INLINE void SigmoidPartsAvx3(__m512 a, __m512& e, __m512& r) {
-    e = avx3::ExpNonPositiveAll(_mm512_or_ps(a, _mm512_set1_ps(-0.0f)));
+    e = ExpNegAbsAvx3(a);
     const __m512 one = _mm512_set1_ps(1.0f);
     const __m512 u = _mm512_add_ps(one, e);
     const __m512 r0 = _mm512_rcp14_ps(u);
     r = _mm512_fmadd_ps(r0, _mm512_fnmadd_ps(u, r0, one), r0);
+  }
+  // sigmoid(a) from its parts: r, or e r where a < 0; NaN stays NaN.
+  static HWY_INLINE __m512 SigmoidOfPartsAvx3(__m512 a, __m512 e, __m512 r) {
+    const __m512 s = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ), e, r);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), s, a);
   }
 #endif
   // 1 / (1 + e^-a). float32 on AVX-512 in the stable form: e = e^-|a| in [0, 1], r = 1 / (1 + e) by the
@@ -113,8 +122,7 @@ struct HwyOps {
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
       __m512 e, r;
       SigmoidPartsAvx3(a.raw, e, r);
-      const __m512 s = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(a.raw, _mm512_setzero_ps(), _CMP_LT_OQ), e, r);
-      return V{_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.raw, a.raw, _CMP_UNORD_Q), s, a.raw)};
+      return V{SigmoidOfPartsAvx3(a.raw, e, r)};
     }
 #endif
     const V one = hn::Set(d, T(1));
@@ -280,7 +288,7 @@ struct HwyOps {
     V e;
 #if LOSSFUSE_HWY_LOG_TABLE
     if constexpr (sizeof(T) == 4 && hn::MaxLanes(D()) == 16) {
-      e = V{avx3::ExpNonPositiveAll(_mm512_or_ps(a.raw, _mm512_set1_ps(-0.0f)))};
+      e = V{ExpNegAbsAvx3(a.raw)};
     } else
 #endif
     {
@@ -337,12 +345,17 @@ struct SoftplusProductSum {
   int since = 0;
   SoftplusProductSum(D d_, V start) : d(d_), sum(start), prod(hn::Set(d_, 1.0f)), corr(hn::Zero(d_)) {}
   HWY_INLINE void add(V x, V y) {
-    const V one = hn::Set(d, 1.0f);
 #if LOSSFUSE_HWY_LOG_TABLE
-    const V e{avx3::ExpNonPositiveAll(_mm512_or_ps(x.raw, _mm512_set1_ps(-0.0f)))};
-#else
-    const V e = ExpNonPositive(d, hn::Neg(hn::Abs(x)));
+    if constexpr (hn::MaxLanes(D()) == 16) {
+      add(x, y, V{HwyOps<D>::ExpNegAbsAvx3(x.raw)});
+      return;
+    }
 #endif
+    add(x, y, ExpNonPositive(d, hn::Neg(hn::Abs(x))));
+  }
+  // The same with e = e^-|x| given.
+  HWY_INLINE void add(V x, V y, V e) {
+    const V one = hn::Set(d, 1.0f);
     const V q = hn::Add(one, e);
     // the element's linear terms first, (1 - y) x + max(-x, 0) in one FMA, so that large |x| cancel within it (to 0
     // for hard labels), and only then delta, which a large term would absorb
@@ -482,6 +495,42 @@ HWY_INLINE void ContiguousTile(D d, const PwParams& p, const math::PwConsts<Acc>
   auto backward = [&](auto input_only, auto with_loss) {
     constexpr bool kInputOnly = decltype(input_only)::value, kWithLoss = decltype(with_loss)::value;
     std::int64_t j = 0;
+#if LOSSFUSE_HWY_LOG_TABLE
+    if constexpr (kInputOnly && kWithLoss && std::is_same_v<Loss, lm::BceWithLogitsLoss<false>> && sizeof(Acc) == 4 &&
+                  hn::MaxLanes(D()) == 16) {
+      if (go == nullptr && rows == nullptr) {
+        // bce_with_logits' fused entry, reduced: one e = e^-|x| an element serves both the gradient's sigmoid (the bits
+        // of HwyOps::sigmoid, so of the backward's) and the loss, summed as the reduced forward sums it
+        // (SoftplusProductSum, the same bits): one exp and no log1p an element, not two exps and a log1p.
+        SoftplusProductSum<D> acc(d, vl);
+        auto dx_of = [&](V xv, V yv) {
+          __m512 e, r;
+          HwyOps<D>::SigmoidPartsAvx3(xv.raw, e, r);
+          acc.add(xv, yv, V{e});
+          return hn::Mul(gs, hn::Sub(V{HwyOps<D>::SigmoidOfPartsAvx3(xv.raw, e, r)}, yv));
+        };
+        auto pairs = [&](auto hw) {
+          if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {  // in the forward's order, stored in element order
+            for (; j + 2 * N <= n; j += 2 * N) {
+              V x0, x1, y0, y1;
+              LoadEvenOdd(d, x + j, x0, x1);
+              LoadEvenOdd(d, y + j, y0, y1);
+              const V dx0 = dx_of(x0, y0), dx1 = dx_of(x1, y1);
+              StoreEvenOdd<decltype(hw)::value, false>(d, dx0, dx1, gx + j);
+            }
+          }
+        };
+        if (cpu_has_bf16_convert()) {
+          pairs(std::true_type{});
+        } else {
+          pairs(std::false_type{});
+        }
+        for (; j < n; j += N) StoreAcc(d, dx_of(LoadAcc(d, x + j), LoadAcc(d, y + j)), gx + j);
+        vl = acc.fold();
+        return;
+      }
+    }
+#endif
     if constexpr (kInputOnly && std::is_same_v<T, hwy::bfloat16_t> && HWY_TARGET != HWY_SCALAR) {
       // bfloat16 input gradients with one upstream gradient for all (the reductions) two vectors at a time: the
       // even and odd elements by LoadEvenOdd, stored back in element order by StoreEvenOdd (a fused loss summed in
