@@ -79,4 +79,16 @@ void cross_entropy_forward_backward(const TensorView& logits, const TensorView& 
 void cross_entropy_scale_held(const TensorView& grad_logits, const TensorView& target,
                               const CrossEntropyOptions& options, const std::optional<TensorView>& grad_loss);
 
+// A gradient held from forward_backward (made there for an upstream gradient of 1) made again from the saved lse for
+// grad_loss, in place, unless grad_loss is exactly 1, where it stands as it is. The value is read where it lives (on a
+// device by the kernel), so the call never synchronises and can be captured. Unlike scale_held, the result is rounded
+// once from the accumulation dtype at any upstream value (cross_entropy_backward's bits), as torch's float32 loss of
+// 16-bit logits under autocast is. Reduction mean or sum (one upstream value); grad_logits in its own buffer (the
+// logits are read). The targets were checked by the forward that made the gradient: on a device they are not checked
+// again (a target changed since makes its row NaN, as under stream capture); on the CPU a call that remakes it
+// checks them.
+void cross_entropy_backward_held(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                                 const TensorView& grad_loss, const CrossEntropyOptions& options,
+                                 const TensorView& grad_logits);
+
 }  // namespace lossfuse

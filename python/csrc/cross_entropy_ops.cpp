@@ -267,6 +267,20 @@ void cross_entropy_backward_inplace(const at::Tensor& grad_loss, const at::Tenso
   torch::autograd::impl::bump_version(logits);
 }
 
+// The autograd.Function road's hand-over of an autocast float32 loss's gradient (Python's cross_entropy backward):
+// cross_entropy_backward_held, made again from the lse unless the upstream value is 1 (read by the kernel).
+void cross_entropy_backward_held_op(const at::Tensor& grad, const at::Tensor& grad_loss, const at::Tensor& logits,
+                                    const at::Tensor& target, const at::Tensor& lse,
+                                    const std::optional<at::Tensor>& weight, std::int64_t red,
+                                    std::int64_t ignore_index, double label_smoothing, double logit_scale,
+                                    double softcap, double z_loss_scale) {
+  guarded_on(logits, [&] {
+    const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
+    cross_entropy_backward_held(view(logits, "input"), view(target, "target"), view(lse, "lse"),
+                                view(grad_loss, "grad_output"), o, view(grad, "grad_input"));
+  });
+}
+
 // The autograd.Function road's hand-over (Python's cross_entropy backward): scale_held as an op.
 void cross_entropy_scale_held_op(const at::Tensor& grad, const at::Tensor& grad_loss, const at::Tensor& target,
                                  std::int64_t red, std::int64_t ignore_index) {
@@ -338,6 +352,12 @@ TORCH_LIBRARY_FRAGMENT(lossfuse, m) {
   m.def(
       "_cross_entropy_scale_held_(Tensor(a!) grad, Tensor grad_output, Tensor target, int reduction, "
       "int ignore_index) -> ()");
+  // Internal: the same gradient made again from the lse for grad_output, unless that is 1, rounded once
+  // (lossfuse::cross_entropy_backward_held: nothing is read back).
+  m.def(
+      "_cross_entropy_backward_held_(Tensor(a!) grad, Tensor grad_output, Tensor input, Tensor target, Tensor lse, "
+      "Tensor? weight, int reduction, int ignore_index, float label_smoothing, float logit_scale, float softcap, "
+      "float z_loss_scale) -> ()");
   m.def("nll_loss(Tensor input, Tensor target, Tensor? weight, int reduction, int ignore_index) -> Tensor");
   m.def(
       "nll_loss_backward(Tensor grad_output, Tensor input, Tensor target, Tensor? weight, int reduction, "
@@ -352,6 +372,7 @@ void register_kernels(torch::Library& m) {
   m.impl("cross_entropy_backward", &cross_entropy_backward);
   m.impl("_cross_entropy_backward_inplace", &cross_entropy_backward_inplace);
   m.impl("_cross_entropy_scale_held_", &cross_entropy_scale_held_op);
+  m.impl("_cross_entropy_backward_held_", &cross_entropy_backward_held_op);
   m.impl("nll_loss", &nll_loss);
   m.impl("nll_loss_backward", &nll_loss_backward);
 }

@@ -11,7 +11,7 @@ from ._func import differentiable_grads, graph_needed
 from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad, new_loss
 from ._protocol import overridable
 from ._register import ops, register_autograd, register_loss_fakes
-from ._roads import _plain_eager, compiled_autograd_on, eager_scalar, forward_ad_active, is_eager
+from ._roads import _plain_eager, compiled_autograd_on, forward_ad_active, is_eager
 
 _ops = ops  # torch.ops.lossfuse with the eager fast path
 _cross_entropy_eager = torch.ops.lossfuse._cross_entropy_eager.default
@@ -48,6 +48,11 @@ def _ce_bwd_fake(grad_output, input, target, lse, weight, reduction, ignore_inde
 
 @torch.library.register_fake("lossfuse::_cross_entropy_scale_held_")
 def _scale_held_fake(grad, grad_output, target, reduction, ignore_index):
+    return None
+
+
+@torch.library.register_fake("lossfuse::_cross_entropy_backward_held_")
+def _backward_held_fake(grad, grad_output, input, target, lse, weight, *args):
     return None
 
 
@@ -135,11 +140,18 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad and getattr(ctx, "float32_loss", False) and not _is_one(grad_loss):
+        if ctx.compute_grad and getattr(ctx, "float32_loss", False):
             # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
             # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before
-            # rounding (any gradient held stays for a later backward)
-            grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
+            # rounding, unless the upstream value is 1 (read on the device: nothing is read back). A held gradient
+            # is remade in place and handed over once; a retained graph's next backward makes a new one.
+            held = ctx.eager_grad[0] if ctx.eager_grad is not None else None
+            if held is not None:
+                ctx.eager_grad = [None]
+                _ops._cross_entropy_backward_held_(held, grad_loss, input, target, lse, weight, *ctx.args)
+                grad_input = held
+            else:
+                grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
         elif ctx.eager_grad is not None:
             # handed over once: the caller owns it from now on (it may land in .grad and change there)
             grad = ctx.eager_grad[0]
@@ -183,11 +195,6 @@ def _training_step_eager(input, target):
             and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
             and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None
             and not forward_ad_active() and not compiled_autograd_on())
-
-
-def _is_one(t):
-    """Whether t is exactly 1, read only where that traces nothing (eager, no mode, no transform); else False."""
-    return eager_scalar(t) == 1
 
 
 register_autograd("cross_entropy", _ce_backward, _ce_setup,

@@ -59,16 +59,6 @@ def is_eager(t):
             and not torch._C._are_functorch_transforms_active())
 
 
-def eager_scalar(t):
-    """The value of a one-element tensor, read only where that traces nothing (eager, no mode, no transform) and
-    nothing captures a CUDA graph (no value can be read back there); else None. Backward uses it to pick a path (an
-    upstream gradient of 1, or one that is not finite)."""
-    if (is_eager(t) and torch._C._len_torch_dispatch_stack() == 0 and t.numel() == 1
-            and not (t.is_cuda and torch.cuda.is_current_stream_capturing())):
-        return t.item()
-    return None
-
-
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 

@@ -331,6 +331,33 @@ def test_linear_cross_entropy_backward_reads_nothing_back(upstream):
         torch.testing.assert_close(got.double(), ref, rtol=2 ** -6, atol=1e-5 * upstream)
 
 
+@pytest.mark.parametrize("upstream", [1.0, 65536.0])
+def test_autocast_cross_entropy_backward_reads_nothing_back(upstream):
+    """Under autocast (a float32 loss of bfloat16 logits) the backward's gradient is remade from the lse unless the
+    upstream value is 1 (_cross_entropy_backward_held_: the value read on the device), with no synchronising torch
+    call (the item() it replaced raised here); torch's own gradient under autocast is the reference (within an ulp
+    of bfloat16)."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x0 = torch.randn(64, 3000, device="cuda", generator=gen).to(torch.bfloat16)
+    t = torch.randint(0, 3000, (64,), device="cuda", generator=gen)
+    t[::5] = -100
+
+    def grad(f):
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = f(x, t)
+        assert loss.dtype == torch.float32
+        scaled = loss * upstream if upstream != 1.0 else loss
+        if f is LF.cross_entropy:
+            backward_raising_on_sync(scaled)
+        else:
+            scaled.backward()
+        return x.grad
+
+    ours, theirs = grad(LF.cross_entropy), grad(F.cross_entropy)
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -7, atol=1e-6 * upstream)
+
+
 def test_graph_capture_elementwise_forwards():
     """Elementwise forwards captured in a CUDA graph: the eager results on replay, and a value outside bce's range
     (nothing can be read back to raise the error) makes the loss NaN."""

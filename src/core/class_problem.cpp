@@ -175,8 +175,9 @@ CeDeviceCall make_device_call(const std::optional<TensorView>& weight, Reduction
 
 void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
                      Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
-                     const TensorView* loss, const TensorView* z_loss) {
+                     const TensorView* loss, const TensorView* z_loss, bool held) {
   CeDeviceCall call = make_device_call(weight, reduction, split_mean, grad_loss, loss, z_loss);
+  call.held = held;
   if (reduction == Reduction::none) p.grad_loss = grad_loss ? grad_loss->data : nullptr;
   p.device_call = &call;
   entry(p);

@@ -78,11 +78,11 @@ CeDeviceCall make_device_call(const std::optional<TensorView>& weight, Reduction
                               const std::optional<TensorView>& grad_loss, const TensorView* loss,
                               const TensorView* z_loss);
 
-// Runs `entry` on p with make_device_call's call (p.grad_loss: the per-row upstream pointer for none) and throws the
-// index_error of a bad target it found.
+// Runs `entry` on p with make_device_call's call (p.grad_loss: the per-row upstream pointer for none; held: see
+// CeDeviceCall::held) and throws the index_error of a bad target it found.
 void run_device_call(CeParams& p, void (*entry)(const CeParams&), const std::optional<TensorView>& weight,
                      Reduction reduction, bool split_mean, const std::optional<TensorView>& grad_loss,
-                     const TensorView* loss, const TensorView* z_loss);
+                     const TensorView* loss, const TensorView* z_loss, bool held = false);
 
 // Reductions mean/sum: sums the block partials in block order (a fixed order) and divides by `denominator`
 // for mean; writes the result to a one-element Acc-typed output (on any device with a backend).

@@ -63,7 +63,7 @@ void check_options(const CrossEntropyOptions& o, bool soft, DType acc) {
 template <class Acc>
 void run(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
          const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
-         const TensorView* grad, GradWrite write, const core::ClassProblem& pb) {
+         const TensorView* grad, GradWrite write, bool held, const core::ClassProblem& pb) {
   const bool on_device = pb.device != Device::cpu;  // the backend takes the host steps below (CeDeviceCall)
   const std::vector<Acc> weights = core::host_class_weights<Acc>(o.weight, pb);
   const Acc* w = weights.empty() ? nullptr : weights.data();
@@ -99,6 +99,8 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
     if (write == GradWrite::separate) written.push_back({"grad_logits", grad});
   }
   core::check_disjoint(written, read);
+  // cross_entropy_backward_held: at an upstream value of 1 the held gradient stands (a device reads it itself)
+  if (held && !on_device && core::read_scalar(*grad_loss) == 1.0) return;
   if (grad != nullptr && write == GradWrite::in_place) {
     // The gradient replaces the logits by request; it must still miss every other buffer.
     for (const NamedView& v : written) core::check_no_overlap(*grad, "grad_logits", *v.view, v.name);
@@ -129,7 +131,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
   if (on_device) {
     core::run_device_call(p, be.cross_entropy, o.weight, o.reduction, o.label_smoothing != 0 || o.z_loss_scale != 0,
                           grad != nullptr ? grad_loss : std::nullopt, out != nullptr ? &out->loss : nullptr,
-                          out != nullptr && out->z_loss ? &*out->z_loss : nullptr);
+                          out != nullptr && out->z_loss ? &*out->z_loss : nullptr, held);
     return;
   }
 
@@ -171,7 +173,7 @@ void run(CeMode mode, const TensorView& logits, const TensorView& target, const 
 
 void dispatch(CeMode mode, const TensorView& logits, const TensorView& target, const CrossEntropyOptions& o,
               const CrossEntropyOutputs* out, const TensorView* lse_in, const std::optional<TensorView>& grad_loss,
-              const TensorView* grad, GradWrite write) {
+              const TensorView* grad, GradWrite write, bool held = false) {
   core::backend_for(logits, "logits");  // a device this build has no kernels for is refused before any check
   const core::ClassProblem pb = core::check_class_problem(logits, "logits", target, o.reduction, true);
   check_options(o, pb.soft, pb.acc);
@@ -180,9 +182,9 @@ void dispatch(CeMode mode, const TensorView& logits, const TensorView& target, c
                 "code " + std::to_string(static_cast<int>(write)));
   }
   if (pb.acc == DType::f64) {
-    run<double>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, pb);
+    run<double>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, held, pb);
   } else {
-    run<float>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, pb);
+    run<float>(mode, logits, target, o, out, lse_in, grad_loss, grad, write, held, pb);
   }
 }
 
@@ -224,6 +226,16 @@ void cross_entropy_scale_held(const TensorView& grad_logits, const TensorView& t
   for (int i = 0; i < p.index.ndim; ++i) p.grad_loss_uniform &= p.index.strides[core::kGradLossRow][i] == 0;
   p.ignore_index = options.ignore_index;
   be.cross_entropy(p);
+}
+
+void cross_entropy_backward_held(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                                 const TensorView& grad_loss, const CrossEntropyOptions& options,
+                                 const TensorView& grad_logits) {
+  if (options.reduction == Reduction::none) {
+    throw Error(ErrorCode::invalid_value, "reduction", "mean or sum (a held gradient has one upstream value)", "none");
+  }
+  dispatch(CeMode::backward, logits, target, options, nullptr, &lse, grad_loss, &grad_logits, GradWrite::separate,
+           true);
 }
 
 }  // namespace lossfuse

@@ -31,6 +31,9 @@ struct CeDeviceCall {
   const void* grad_scalar = nullptr;  // mean / sum with a gradient: the upstream scalar (Acc); nullptr: 1
   void* loss = nullptr;               // mean / sum forward: the one-element outputs (Acc); nullptr: not wanted
   void* z_loss = nullptr;
+  // cross_entropy_backward_held: the targets were checked by the forward that made the held gradient, so nothing is
+  // read back (as under stream capture), and the rows are not written when the upstream scalar is exactly 1.
+  bool held = false;
   // Out: the first bad class target in row order (bad_row -1: none), found before any output is written; the call
   // then writes nothing. Under stream capture nothing is read back: bad_row stays -1 and a bad row is NaN instead.
   std::int64_t bad_row = -1, bad_value = 0;

@@ -387,6 +387,7 @@ struct CeKernelArgs {
   double* row_zloss;
   const CeScan* scan;  // a device call's record (grad_scale, sum_w from it), or nullptr
   bool skip_bad;       // with scan: a bad target makes the kernel write nothing
+  const void* held_scalar = nullptr;  // CeDeviceCall::held: the upstream scalar (Acc); its value 1 writes nothing
 };
 
 // kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
@@ -407,6 +408,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
   rp.sum_w = static_cast<Acc>(p.sum_w);
   rp.z_loss_scale = static_cast<Acc>(p.z_loss_scale);
   double grad_scale = p.grad_scale;
+  // uniform over the grid: a held gradient stands at an upstream value of 1
+  if (a.held_scalar != nullptr && *static_cast<const Acc*>(a.held_scalar) == Acc(1)) return;
   if (a.scan != nullptr) {
     if (a.skip_bad && a.scan->bad != 0) return;  // uniform over the grid: nothing is written
     grad_scale = a.scan->grad_scale;
@@ -688,13 +691,13 @@ std::vector<Operand> operands(const CeParams& p, const char* first) {
 
 // A device call's steps around its row kernels: the class weights in Acc and the scan record, made on the stream
 // at construction; finish() reads the first bad target back into the call (not under stream capture, where nothing
-// synchronises and a bad row is NaN instead).
+// synchronises and a bad row is NaN instead, nor for a held gradient's call, whose targets were checked).
 template <class Acc>
 class DeviceSteps {
  public:
   explicit DeviceSteps(const CeParams& p)
       : call_(*p.device_call),
-        capturing_(stream_capturing()),
+        no_read_back_(stream_capturing() || call_.held),
         weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
         scan_(1),
         grid_(scan_grid(p.rows)),
@@ -712,7 +715,7 @@ class DeviceSteps {
   }
   [[nodiscard]] const Acc* weights() const noexcept { return weights_.get(); }
   [[nodiscard]] const CeScan* scan() const noexcept { return scan_.get(); }
-  [[nodiscard]] bool skip_bad() const noexcept { return !capturing_; }
+  [[nodiscard]] bool skip_bad() const noexcept { return !no_read_back_; }
 
   // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them.
   void reduce(const double* row_loss, const double* row_zloss, int64_t rows) const {
@@ -725,7 +728,7 @@ class DeviceSteps {
   }
 
   void finish(const CeParams& p) {
-    if (capturing_) return;
+    if (no_read_back_) return;
     const unsigned long long bad = read_back(&scan_.get()->bad, "cross_entropy / nll kernels");
     if (bad == 0) return;
     call_.bad_row = p.rows - static_cast<int64_t>(bad);
@@ -734,7 +737,7 @@ class DeviceSteps {
 
  private:
   core::CeDeviceCall& call_;
-  bool capturing_;
+  bool no_read_back_;
   Scratch<Acc> weights_;
   Scratch<CeScan> scan_;
   unsigned grid_;
@@ -856,6 +859,8 @@ void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) {
     double* rl = impl_->reduced ? impl_->row_loss.get() + r0 : nullptr;
     CeKernelArgs<T> a{chunk, steps.weights(), rl, rl != nullptr ? rl + impl_->whole.rows : nullptr,
                       steps.scan(), steps.skip_bad()};
+    const core::CeDeviceCall& call = *impl_->whole.device_call;
+    if (call.held) a.held_scalar = call.grad_scalar;
     a.p.device_call = nullptr;
     const int threads = row_threads(chunk.classes);
     launch_ce<T>(chunk.soft, chunk.softcap > 0, chunk.eps != 0.0, keeps_row<T>(chunk, threads), row_grid(chunk.rows),

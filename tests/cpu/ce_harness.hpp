@@ -251,6 +251,26 @@ inline void run_all(const Spec& s, const DeviceMemory* mem = nullptr) {
                         << " elements differ from held * upstream, the first at " << first;
     EXPECT_TRUE(grad.outside_untouched(kSentinel)) << "scale_held wrote outside grad_logits";
   }
+  // Reduced specs: forward_backward for an upstream gradient of 1, then cross_entropy_backward_held to the spec's
+  // upstream gradient (1 when it has none): the bits of cross_entropy_backward from the same lse, or, at 1, the held
+  // gradient untouched.
+  if (s.red != Reduction::none) {
+    Tensor one = scalar_tensor(p.acc(), 1.0);
+    Tensor& up = p.grad_loss ? *p.grad_loss : one;
+    const bool is_one = up.get(0) == 1.0;
+    Fwd g = make_outputs(p, s.with_lse, s.with_z);
+    Tensor want = p.new_grad(s.grad_layout), grad = p.new_grad(s.grad_layout);
+    Mirror m(mem);
+    const TensorView gv = m(grad), logits = m(p.logits), target = m(p.target), lse = m(f.lse), u = m(up);
+    lossfuse::cross_entropy_backward(logits, target, lse, u, options(m), m(want));
+    lossfuse::cross_entropy_forward_backward(logits, target, options(m), mirror_outputs(m, g, g.out), std::nullopt, gv);
+    m.download();
+    const std::vector<std::uint8_t> held = grad.storage;
+    lossfuse::cross_entropy_backward_held(logits, target, lse, u, options(m), gv);
+    m.download();
+    EXPECT_TRUE(grad.storage == (is_one ? held : want.storage))
+        << "backward_held: expected " << (is_one ? "the held gradient" : "cross_entropy_backward's bits");
+  }
 }
 
 }  // namespace lftest::ce

@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, Determinism, ::testing::ValuesIn(determin
                          [](const auto& i) { return i.param.name; });
 
 // ---- errors: each bad argument throws lossfuse::Error with the right code and writes nothing -------------------
-enum class Entry { forward, backward, forward_backward, scale_held };
+enum class Entry { forward, backward, forward_backward, scale_held, backward_held };
 
 struct ErrFixture : GuardedBuffers {
   Tensor logits = Tensor::make(DType::f32, {4, 5});
@@ -194,6 +194,7 @@ struct ErrFixture : GuardedBuffers {
   Tensor z = Tensor::make(DType::f32, {}, Layout::contiguous, kSentinel);
   Tensor grad = Tensor::make(DType::f32, {4, 5}, Layout::contiguous, kSentinel);
   Tensor lse_in = Tensor::make(DType::f32, {4});
+  Tensor two = scalar_tensor(DType::f32, 2.0);  // backward_held's upstream gradient when grad_loss is not set
   std::optional<Tensor> grad_loss;
   CrossEntropyOptions o;
   CrossEntropyOutputs out;
@@ -223,6 +224,9 @@ struct ErrFixture : GuardedBuffers {
       case Entry::backward: lossfuse::cross_entropy_backward(lg, tg, lse_in.view, up(), o, gr, write); break;
       case Entry::forward_backward: lossfuse::cross_entropy_forward_backward(lg, tg, o, out, up(), gr, write); break;
       case Entry::scale_held: lossfuse::cross_entropy_scale_held(gr, tg, o, up()); break;
+      case Entry::backward_held:
+        lossfuse::cross_entropy_backward_held(lg, tg, lse_in.view, up().value_or(two.view), o, gr);
+        break;
     }
   }
 };
@@ -233,6 +237,7 @@ const char* entry_name(Entry e) {
     case Entry::backward: return "backward";
     case Entry::forward_backward: return "forward_backward";
     case Entry::scale_held: return "scale_held";
+    case Entry::backward_held: return "backward_held";
   }
   return "?";
 }
@@ -254,7 +259,7 @@ void expect_error(const std::function<Views(ErrFixture&)>& setup, std::initializ
 }
 
 TEST(CrossEntropyErrors, ValidFixtureRuns) {  // the base of the error tests is itself valid
-  for (Entry e : {Entry::forward, Entry::backward, Entry::forward_backward}) {
+  for (Entry e : {Entry::forward, Entry::backward, Entry::forward_backward, Entry::backward_held}) {
     ErrFixture f;
     EXPECT_NO_THROW(f.call(e, f.logits.view, f.target.view, f.grad.view)) << entry_name(e);
   }
@@ -371,7 +376,7 @@ TEST(CrossEntropyErrors, GradShapeAndDtype) {
   static Tensor g54 = Tensor::make(DType::f32, {5, 4}, Layout::contiguous, kSentinel);
   static Tensor g64 = Tensor::make(DType::f64, {4, 5}, Layout::contiguous, kSentinel);
   static Tensor g16 = Tensor::make(DType::bf16, {4, 5}, Layout::contiguous, kSentinel);
-  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward};
+  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward, Entry::backward_held};
   expect_error([](ErrFixture&) { return Views{{}, {}, g46.view}; }, {ErrorCode::shape_mismatch}, bw);
   expect_error([](ErrFixture&) { return Views{{}, {}, g54.view}; }, {ErrorCode::shape_mismatch}, bw);
   expect_error([](ErrFixture&) { return Views{{}, {}, g64.view}; }, {ErrorCode::dtype_mismatch}, bw);
@@ -379,10 +384,20 @@ TEST(CrossEntropyErrors, GradShapeAndDtype) {
 }
 TEST(CrossEntropyErrors, GradLossShapeAndDtype) {
   const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward, Entry::scale_held};
-  expect_error([](ErrFixture& f) { f.grad_loss = Tensor::make(DType::f32, {4}); return Views{}; },
-               {ErrorCode::shape_mismatch}, bw);
-  expect_error([](ErrFixture& f) { f.grad_loss = Tensor::make(DType::f64, {}); return Views{}; },
-               {ErrorCode::dtype_mismatch}, bw);
+  const std::initializer_list<Entry> all = {Entry::backward, Entry::forward_backward, Entry::scale_held,
+                                            Entry::backward_held};
+  expect_error(
+      [](ErrFixture& f) {
+        f.grad_loss = Tensor::make(DType::f32, {4});
+        return Views{};
+      },
+      {ErrorCode::shape_mismatch}, all);
+  expect_error(
+      [](ErrFixture& f) {
+        f.grad_loss = Tensor::make(DType::f64, {});
+        return Views{};
+      },
+      {ErrorCode::dtype_mismatch}, all);
   expect_error([](ErrFixture& f) {
     f.o.reduction = Reduction::none;
     f.loss = Tensor::make(DType::f32, {4}, Layout::contiguous, kSentinel);
@@ -462,8 +477,25 @@ TEST(CrossEntropyScaleHeld, RowsKeptAndScaled) {
   EXPECT_TRUE(same_bytes(grad, scaled));
 }
 
+// cross_entropy_backward_held serves one upstream value: reduction none is refused, naming it, before anything is
+// written (also at an upstream gradient of 1, where a reduced call writes nothing).
+TEST(CrossEntropyErrors, BackwardHeldNeedsAReducedLoss) {
+  for (double up : {2.0, 1.0}) {
+    std::string msg;
+    expect_error(
+        [up](ErrFixture& f) {
+          f.o.reduction = Reduction::none;
+          f.grad_loss = Tensor::make(DType::f32, {4});
+          for (std::int64_t r = 0; r < 4; ++r) f.grad_loss->set(r, up);
+          return Views{};
+        },
+        {ErrorCode::invalid_value}, {Entry::backward_held}, &msg);
+    EXPECT_NE(msg.find("reduction"), std::string::npos) << msg;
+  }
+}
+
 TEST(CrossEntropyErrors, GradOverlapsLogitsWithoutInPlace) {
-  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward};
+  const std::initializer_list<Entry> bw = {Entry::backward, Entry::forward_backward, Entry::backward_held};
   expect_error([](ErrFixture& f) { return Views{{}, {}, f.logits.view}; }, {ErrorCode::bad_pointer}, bw);
   // partial overlap: logits rows 0..3 and grad rows 1..4 of one buffer
   static Tensor big = Tensor::make(DType::f32, {5, 5});

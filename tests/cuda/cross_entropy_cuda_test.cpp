@@ -250,6 +250,47 @@ TEST(CrossEntropyCudaGraph, CapturedScaleHeldMatchesEager) {
   }
 }
 
+// cross_entropy_backward_held reads the upstream gradient on the device and reads nothing back: captured and replayed
+// twice, it gives the eager call's bits (cross_entropy_backward's from the same lse; the held gradient for 1).
+TEST(CrossEntropyCudaGraph, CapturedBackwardHeldMatchesEager) {
+  for (double up : {1.0, 0.75}) {
+    Spec s = base_spec(DType::bf16, DType::i32);
+    s.shape = {300, 5000};
+    s.ignore_frac = 0.2;
+    Problem p = build(s);
+    Tensor held = p.new_grad(Layout::contiguous), want = p.new_grad(Layout::contiguous);
+    Fwd f = make_outputs(p, true, false);
+    Tensor scale = scalar_tensor(DType::f32, up);
+    {
+      Mirror m(&kCuda);
+      lossfuse::cross_entropy_forward_backward(m(p.logits), m(p.target), p.options(), mirror_outputs(m, f, f.out),
+                                               std::nullopt, m(held));
+      m.download();
+    }
+    {
+      Mirror m(&kCuda);
+      lossfuse::cross_entropy_backward(m(p.logits), m(p.target), m(f.lse), m(scale), p.options(), m(want));
+      m.download();
+    }
+    auto bits = [&](bool captured) {
+      Tensor grad = held;
+      Mirror m(&kCuda);
+      const TensorView g = m(grad), logits = m(p.logits), target = m(p.target), lse = m(f.lse), u = m(scale);
+      auto call = [&] { lossfuse::cross_entropy_backward_held(logits, target, lse, u, p.options(), g); };
+      if (captured) {
+        run_captured(call);
+      } else {
+        call();
+      }
+      m.download();
+      return grad.storage;
+    };
+    const auto eager = bits(false);
+    EXPECT_TRUE(bits(true) == eager) << "up " << up << ": the captured call's bits differ from the eager call's";
+    EXPECT_TRUE(eager == (up == 1.0 ? held.storage : want.storage)) << "up " << up;
+  }
+}
+
 }  // namespace
 }  // namespace ce
 
