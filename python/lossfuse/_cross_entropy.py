@@ -144,10 +144,14 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
             # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before
             # rounding, unless the upstream value is 1 (read on the device: nothing is read back). A held gradient
-            # is remade in place and handed over once; a retained graph's next backward makes a new one.
-            held = ctx.eager_grad[0] if ctx.eager_grad is not None else None
-            if held is not None:
-                ctx.eager_grad = [None]
+            # is remade in place and handed over once; a retained graph's next backward holds a new one from the
+            # same forward kernel first, so that at 1 it has the first one's bits.
+            if ctx.eager_grad is not None:
+                held = ctx.eager_grad[0]
+                if held is None:
+                    held = torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
+                else:
+                    ctx.eager_grad = [None]
                 _ops._cross_entropy_backward_held_(held, grad_loss, input, target, lse, weight, *ctx.args)
                 grad_input = held
             else:

@@ -696,6 +696,23 @@ def test_autocast_gradient_is_rounded_once(dtype, reduction, upstream):
     assert off[1] <= off[0] + ref.numel() // 1000, f"elements off the once-rounded value: lossfuse {off[1]}, torch {off[0]}"
 
 
+def test_autocast_retained_graph_backwards_repeat():
+    """Under autocast, backwards through a retained graph give the same bits each time: at an upstream gradient of 1
+    (the held gradient, then one held again from the same forward kernel) and at another (each made again from the
+    lse)."""
+    g = torch.Generator().manual_seed(2)
+    # (a common offset of 40: a gradient made from the saved lse differs from the held one in some 40 elements here)
+    x = (torch.randn(16, 5000, generator=g) * 8 + 40).bfloat16().requires_grad_()
+    t = torch.randint(0, 5000, (16,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = LF.cross_entropy(x, t)
+    grads = [torch.autograd.grad(loss, x, retain_graph=True)[0] for _ in range(2)]
+    up = torch.tensor(3.7)
+    grads += [torch.autograd.grad(loss, x, up, retain_graph=True)[0] for _ in range(2)]
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[2], grads[3])
+    assert not torch.equal(grads[0], grads[2])
+
+
 class _PassThroughMode(torch.overrides.TorchFunctionMode):
     """A torch function mode that changes nothing: under it a cross_entropy call takes the registered op's road."""
 
