@@ -39,6 +39,23 @@ cudaMemPool_t scratch_pool() {
   return pools[dev];
 }
 
+void* read_back_buffer() {
+  struct Buffer {
+    void* p = nullptr;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    Buffer() = default;
+    ~Buffer() {
+      if (p != nullptr) (void)cudaFreeHost(p);
+    }
+  };
+  thread_local Buffer buffer;
+  if (buffer.p == nullptr) {
+    check(cudaHostAlloc(&buffer.p, kReadBackBytes, cudaHostAllocPortable), "cudaHostAlloc (read-back buffer)");
+  }
+  return buffer.p;
+}
+
 namespace {
 
 // The caller's class weights (any floating dtype and stride) in Acc, as core::load_weights converts them.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -151,13 +152,26 @@ const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
   return buf.get();
 }
 
-// A check record (an integer in device memory; 0 for nothing found, except CTC's key: all ones) read back on the
-// calling thread's stream, after its queued work: one synchronisation (`what` names that work in an error).
+// The calling thread's pinned host buffer of kReadBackBytes (made on first use, freed when the thread ends): a
+// read-back lands there by one DMA, without the staging copy of pageable memory (backend.cu).
+constexpr std::size_t kReadBackBytes = 64;
+void* read_back_buffer();
+
+// `bytes` (at most kReadBackBytes) at `src` in device memory into `out`, on the calling thread's stream after its
+// queued work: one synchronisation (`what` names that work in an error).
+inline void read_back_bytes(void* out, const void* src, std::size_t bytes, const char* what) {
+  void* host = read_back_buffer();
+  check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (read-back)");
+  check(cudaStreamSynchronize(stream()), what);
+  std::memcpy(out, host, bytes);
+}
+
+// A check record (an integer in device memory; 0 for nothing found, except CTC's key: all ones) read back.
 template <class T>
 T read_back(const T* record, const char* what) {
+  static_assert(sizeof(T) <= kReadBackBytes);
   T v{};
-  check(cudaMemcpyAsync(&v, record, sizeof v, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (check record)");
-  check(cudaStreamSynchronize(stream()), what);
+  read_back_bytes(&v, record, sizeof v, what);
   return v;
 }
 
@@ -165,10 +179,8 @@ T read_back(const T* record, const char* what) {
 inline std::int64_t read_target_back(const void* target, DType dtype, std::int64_t offset) {
   const std::size_t bytes = dtype_size(dtype);
   unsigned char value[8] = {};
-  check(cudaMemcpyAsync(value, static_cast<const unsigned char*>(target) + offset * static_cast<std::int64_t>(bytes),
-                        bytes, cudaMemcpyDeviceToHost, stream()),
-        "cudaMemcpyAsync (bad target)");
-  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (bad target)");
+  read_back_bytes(value, static_cast<const unsigned char*>(target) + offset * static_cast<std::int64_t>(bytes), bytes,
+                  "cudaStreamSynchronize (bad target)");
   return core::read_target(value, dtype, 0);
 }
 
