@@ -129,6 +129,17 @@ def _ce_differentiable(input, target, weight, o):
     return class_target_mean(loss, z, t, weight, ignore_index, label_smoothing, bool(label_smoothing or z_loss_scale))
 
 
+def _held_grad(ctx, input, target, weight):
+    """The gradient the forward held (for an upstream gradient of 1), handed over once: the caller owns it from now
+    on (it may land in .grad and change there). A retained graph's next backward gets a new one from the same forward
+    kernel, the same to the bit as the first (backward is reentrant, as gradcheck checks)."""
+    grad = ctx.eager_grad[0]
+    if grad is None:
+        return torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
+    ctx.eager_grad = [None]
+    return grad
+
+
 def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
     input, target, weight, lse, grad = ctx.saved_tensors
     grad_input = grad_target = None
@@ -140,34 +151,19 @@ def _ce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_grad):
             lambda x, t: _ce_differentiable(x, t, weight, ctx.args), [input, target], wanted, grad_loss)
         return grad_input, grad_target, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[0]:
-        if ctx.compute_grad and getattr(ctx, "float32_loss", False):
-            # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off the
-            # once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before
-            # rounding, unless the upstream value is 1 (read on the device: nothing is read back). A held gradient
-            # is remade in place and handed over once; a retained graph's next backward holds a new one from the
-            # same forward kernel first, so that at 1 it has the first one's bits.
-            if ctx.eager_grad is not None:
-                held = ctx.eager_grad[0]
-                if held is None:
-                    held = torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
-                else:
-                    ctx.eager_grad = [None]
-                _ops._cross_entropy_backward_held_(held, grad_loss, input, target, lse, weight, *ctx.args)
-                grad_input = held
+        if ctx.eager_grad is not None:
+            grad = _held_grad(ctx, input, target, weight)
+            if getattr(ctx, "float32_loss", False):
+                # the forward's 16-bit gradient of a float32 loss (autocast), scaled and rounded again, would be off
+                # the once-rounded value by an ulp where torch's is not: made again from the saved lse, scaled before
+                # rounding, unless the upstream value is 1 (read on the device: nothing is read back)
+                _ops._cross_entropy_backward_held_(grad, grad_loss, input, target, lse, weight, *ctx.args)
             else:
-                grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
-        elif ctx.eager_grad is not None:
-            # handed over once: the caller owns it from now on (it may land in .grad and change there)
-            grad = ctx.eager_grad[0]
-            if grad is None:
-                # a retained graph's next backward: a new gradient from the same forward kernel, the same to the
-                # bit as the first (backward is reentrant, as gradcheck checks)
-                grad = torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
-            else:
-                ctx.eager_grad = [None]
-            # scaled on its device, nothing read back; the ignored rows keep theirs whatever the upstream gradient
-            _ops._cross_entropy_scale_held_(grad, grad_loss, target, ctx.args.reduction, ctx.args.ignore_index)
+                # scaled on its device, nothing read back; the ignored rows keep theirs whatever the upstream gradient
+                _ops._cross_entropy_scale_held_(grad, grad_loss, target, ctx.args.reduction, ctx.args.ignore_index)
             grad_input = grad
+        elif ctx.compute_grad and getattr(ctx, "float32_loss", False):
+            grad_input = _ops.cross_entropy_backward(grad_loss, input, target, lse, weight, *ctx.args)
         elif ctx.compute_grad:  # computed with an upstream gradient of 1 (per row for reduction 'none')
             cdim = 1 if input.dim() >= 2 else 0
             go = grad_loss.unsqueeze(cdim) if ctx.args.reduction == 0 and grad_loss.dim() else grad_loss
