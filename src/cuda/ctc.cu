@@ -134,6 +134,15 @@ __device__ bool make_labels(const CtcArgs<Acc>& a, int64_t b, int64_t il, int64_
   return __syncthreads_or(bad) == 0;
 }
 
+// -log p of sample b from its alpha row il - 1 (complete): 0 for il = tl = 0, inf for il = 0 < tl.
+template <class Acc>
+__device__ double nll_from_alpha(const CtcArgs<Acc>& a, int64_t b, int64_t il, int64_t tl) {
+  if (il == 0) return tl == 0 ? 0.0 : pos_inf();
+  const Acc* last = alpha_row(a, b, il - 1);
+  const int64_t len = 2 * tl + 1;
+  return -static_cast<double>(tl == 0 ? last[0] : math::log_add2(last[len - 1], last[len - 2]));
+}
+
 // Alpha over t < il for sample b, whose l' is made; returns nll (every thread). `fill`: the workspace's entries
 // outside t < il, s < len are set to -inf (the caller's log_alpha, as the CPU writes it).
 template <class T>
@@ -149,7 +158,7 @@ __device__ double forward_sample(const CtcArgs<math::AccOf<T>>& a, int64_t b, in
       for (int64_t s = (t < il ? len : 0) + threadIdx.x; s < p.L; s += blockDim.x) row[s] = ninf;
     }
   }
-  if (il == 0) return tl == 0 ? 0.0 : pos_inf();
+  if (il == 0) return nll_from_alpha(a, b, il, tl);
   Acc* row0 = alpha_row(a, b, 0);
   for (int64_t s = threadIdx.x; s < len; s += blockDim.x) {
     row0[s] = s == 0 ? lp_at<T>(p, 0, b, p.blank) : s == 1 ? lp_at<T>(p, 0, b, lab[1]) : ninf;
@@ -163,9 +172,7 @@ __device__ double forward_sample(const CtcArgs<math::AccOf<T>>& a, int64_t b, in
     }
   }
   __syncthreads();
-  const Acc* last = alpha_row(a, b, il - 1);
-  const Acc ll = tl == 0 ? last[0] : math::log_add2(last[len - 1], last[len - 2]);
-  return -static_cast<double>(ll);
+  return nll_from_alpha(a, b, il, tl);
 }
 
 template <class T>
@@ -212,17 +219,8 @@ __global__ void __launch_bounds__(kThreads) ctc_backward_kernel(const CtcArgs<ma
     for (int64_t e = threadIdx.x; e < p.T * p.C; e += blockDim.x) store(e / p.C, e % p.C, Acc(NAN));
     return;
   }
-  double nll;
-  if (p.alpha_ready) {  // alpha is the caller's
-    if (il == 0) {
-      nll = tl == 0 ? 0.0 : pos_inf();
-    } else {
-      const Acc* last = alpha_row(a, b, il - 1);
-      nll = -static_cast<double>(tl == 0 ? last[0] : math::log_add2(last[len - 1], last[len - 2]));
-    }
-  } else {
-    nll = forward_sample<T>(a, b, il, tl, a.caller_alpha);
-  }
+  // alpha: the caller's, or made here
+  const double nll = p.alpha_ready ? nll_from_alpha(a, b, il, tl) : forward_sample<T>(a, b, il, tl, a.caller_alpha);
   const bool impossible = nll == pos_inf();
   const int64_t live = p.zero_infinity && impossible ? 0 : il;
   for (int64_t e = threadIdx.x; e < (p.T - live) * p.C; e += blockDim.x) store(live + e / p.C, e % p.C, Acc(0));
