@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace lossfuse {
 
@@ -27,6 +28,36 @@ class CudaStreamScope {
  private:
   CudaStream prev_;
 };
+
+// How a CUDA call treats a bad value that the CPU would name in an error (a class target out of range, a CTC length or
+// label, a probability outside [0, 1], a negative variance), for the calls the calling thread makes next:
+//   report: the call reads back one 8-byte check record (one synchronisation) and throws the CPU's error, having
+//           written nothing. The default.
+//   nan:    nothing is read back: the bad value's row (CTC: sample; elementwise: every output) is NaN, as under stream
+//           capture, where nothing is ever read back. For calls whose inputs are known good: a backward of checked
+//           targets (the PyTorch binding's backward passes run so), or a training step that must not synchronise.
+// The CPU checks on the host, which costs no synchronisation, and always reports. Tests: every CUDA capture test also
+// runs its calls as RunAs::unchecked (tests/cuda/cuda_memory.hpp); DeviceSettings.* (tests/core/device_test.cpp).
+enum class CudaCheck : std::uint8_t { report, nan };
+void set_cuda_check(CudaCheck check) noexcept;
+[[nodiscard]] CudaCheck cuda_check() noexcept;
+
+// Sets the calling thread's CudaCheck for a scope; the previous one is restored after.
+class CudaCheckScope {
+ public:
+  explicit CudaCheckScope(CudaCheck check) noexcept : prev_(cuda_check()) { set_cuda_check(check); }
+  CudaCheckScope(const CudaCheckScope&) = delete;
+  CudaCheckScope& operator=(const CudaCheckScope&) = delete;
+  ~CudaCheckScope() { set_cuda_check(prev_); }
+
+ private:
+  CudaCheck prev_;
+};
+
+// The synchronising copies lossfuse's CUDA calls have made in this process, on any thread: check records and bad
+// values read back, and core's host copies (CTC's concatenated lengths, for one). A diagnostic: a call that reads
+// nothing back leaves it as it was.
+[[nodiscard]] std::uint64_t cuda_host_syncs() noexcept;
 
 // Device scratch. allocate(bytes, stream, ctx): memory of the current device usable in stream order on `stream`
 // (nullptr when it cannot); release(ptr, stream, ctx) returns it in stream order. Both may be called from any thread.

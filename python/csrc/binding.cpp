@@ -156,6 +156,17 @@ std::string catalog_csv() { return lossfuse::catalog_text(lossfuse::CatalogForma
 // Whether this build serves CUDA tensors (lossfuse's CUDA kernels and the binding's CUDA route).
 bool cuda_route() { return has_cuda(); }
 
+// Sets the calling thread's CudaCheck (0 report, 1 nan); returns the previous one (lossfuse.cuda_check).
+std::int64_t set_check(std::int64_t check) {
+  TORCH_CHECK(check == 0 || check == 1, "lossfuse: _cuda_check: check: expected 0 (report) or 1 (nan), got ", check);
+  const CudaCheck prev = cuda_check();
+  set_cuda_check(check == 1 ? CudaCheck::nan : CudaCheck::report);
+  return prev == CudaCheck::nan ? 1 : 0;
+}
+
+// lossfuse::cuda_host_syncs (lossfuse.cuda_host_syncs).
+std::int64_t host_syncs() { return static_cast<std::int64_t>(cuda_host_syncs()); }
+
 }  // namespace
 
 }  // namespace lossfuse::torch_binding
@@ -165,6 +176,8 @@ TORCH_LIBRARY(lossfuse, m) {
   m.def("_empty_cache() -> ()");
   m.def("_catalog() -> str");
   m.def("_has_cuda() -> bool");
+  m.def("_cuda_check(int check) -> int");
+  m.def("_cuda_host_syncs() -> int");
 }
 
 TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
@@ -172,4 +185,6 @@ TORCH_LIBRARY_IMPL(lossfuse, CompositeExplicitAutograd, m) {
   m.impl("_empty_cache", &lossfuse::torch_binding::empty_output_cache);
   m.impl("_catalog", &lossfuse::torch_binding::catalog_csv);
   m.impl("_has_cuda", &lossfuse::torch_binding::cuda_route);
+  m.impl("_cuda_check", &lossfuse::torch_binding::set_check);
+  m.impl("_cuda_host_syncs", &lossfuse::torch_binding::host_syncs);
 }

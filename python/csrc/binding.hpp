@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "device.hpp"
+#include "lossfuse/device.hpp"
 #include "lossfuse/error.hpp"
 #include "lossfuse/loss_kind.hpp"
 #include "lossfuse/tensor.hpp"
@@ -77,6 +78,18 @@ decltype(auto) guarded_on(const at::Tensor& t, F&& f) {
   const DeviceCall call(t);
   return guarded(std::forward<F>(f));
 }
+
+// For the scope of a backward op: the forward checked the inputs the two share (class targets, lengths, values), and
+// autograd refuses any changed in place since (saved-tensor versions), so a CUDA call reads no check back again
+// (CudaCheck::nan). The backward ops are autograd's: called directly with values no forward checked, a bad one makes
+// its outputs NaN on CUDA (the CPU still raises). Tests: test_cuda.py::test_backward_reads_nothing_back.
+class BackwardChecks {
+ public:
+  BackwardChecks() noexcept : scope_(CudaCheck::nan) {}
+
+ private:
+  CudaCheckScope scope_;
+};
 
 // An elementwise loss's forward: runs `kernel(loss_view)` on a new loss (the input's shape for 'none', else 0-d),
 // lossfuse errors turned into torch's.

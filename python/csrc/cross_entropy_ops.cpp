@@ -63,6 +63,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor&
                                   const at::Tensor& lse, const std::optional<at::Tensor>& weight, std::int64_t red,
                                   std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
                                   double z_loss_scale) {
+  const BackwardChecks checked;
   at::Tensor grad = new_grad(logits, true);
   guarded_on(logits, [&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
@@ -232,6 +233,7 @@ struct CrossEntropyEagerNode : torch::autograd::Function<CrossEntropyEagerNode<k
                                                  torch::autograd::variable_list grads) {
     torch::autograd::variable_list out(10);
     if (!grads[0].defined()) return out;
+    const BackwardChecks checked;  // also the forward kernel a retained graph's next backward runs
     out[0] = kInPlace ? eager_backward_in_place(ctx, grads[0]) : eager_backward_separate(ctx, grads[0]);
     return out;
   }
@@ -258,6 +260,7 @@ void cross_entropy_backward_inplace(const at::Tensor& grad_loss, const at::Tenso
                                     const at::Tensor& lse, const std::optional<at::Tensor>& weight, std::int64_t red,
                                     std::int64_t ignore_index, double label_smoothing, double logit_scale,
                                     double softcap, double z_loss_scale) {
+  const BackwardChecks checked;
   guarded_on(logits, [&] {
     const auto o = ce_options(weight, red, ignore_index, label_smoothing, logit_scale, softcap, z_loss_scale);
     const TensorView x = view(logits, "input");
@@ -311,6 +314,7 @@ at::Tensor nll_loss(const at::Tensor& input, const at::Tensor& target, const std
 
 at::Tensor nll_loss_backward(const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& target,
                              const std::optional<at::Tensor>& weight, std::int64_t red, std::int64_t ignore_index) {
+  const BackwardChecks checked;
   at::Tensor grad = new_grad(input, true);
   guarded_on(input, [&] {
     nll_backward(view(input, "input"), view(target, "target"), view(grad_loss, "grad_output"),

@@ -82,6 +82,7 @@ at::Tensor ctc_loss_backward(const at::Tensor& grad_output, const at::Tensor& lo
                              const at::Tensor& input_lengths, const at::Tensor& target_lengths,
                              const std::optional<at::Tensor>& log_alpha, std::int64_t blank, std::int64_t red,
                              bool zero_infinity) {
+  const BackwardChecks checked;
   at::Tensor grad = new_grad(log_probs, true);
   const DeviceCall call(log_probs);
   ctc_guarded([&] {

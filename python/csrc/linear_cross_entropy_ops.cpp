@@ -144,6 +144,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     std::int64_t red, std::int64_t ignore_index, double label_smoothing, double logit_scale, double softcap,
     double z_loss_scale, std::int64_t chunk_rows, std::int64_t memory_budget, std::int64_t vocab_tile,
     double grad_filter, c10::List<bool> grad_mask) {
+  const BackwardChecks checked;
   at::Tensor gx = new_grad(input, grad_mask[0]);
   at::Tensor gw = new_grad(linear_weight, grad_mask[1]);
   at::Tensor gb = new_bias_grad(linear_bias, input, grad_mask[2]);

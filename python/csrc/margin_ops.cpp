@@ -61,6 +61,7 @@ at::Tensor triplet_margin_loss(const at::Tensor& anchor, const at::Tensor& posit
 std::tuple<at::Tensor, at::Tensor, at::Tensor> triplet_margin_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& anchor, const at::Tensor& positive, const at::Tensor& negative,
     double margin, double p, double eps, bool swap, std::int64_t red, std::array<bool, 3> output_mask) {
+  const BackwardChecks checked;
   at::Tensor ga = new_grad(anchor, output_mask[0]);
   at::Tensor gp = new_grad(positive, output_mask[1]);
   at::Tensor gn = new_grad(negative, output_mask[2]);
@@ -97,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor> cosine_embedding_loss_backward(const at::Tens
                                                                   const at::Tensor& input1, const at::Tensor& input2,
                                                                   const at::Tensor& target, double margin,
                                                                   std::int64_t red, std::array<bool, 2> output_mask) {
+  const BackwardChecks checked;
   at::Tensor g1 = new_grad(input1, output_mask[0]);
   at::Tensor g2 = new_grad(input2, output_mask[1]);
   guarded_on(input1, [&] {
@@ -134,6 +136,7 @@ at::Tensor multi_margin_loss(const at::Tensor& input, const at::Tensor& target, 
 at::Tensor multi_margin_loss_backward(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& target,
                                       const std::optional<at::Tensor>& weight, std::int64_t p, double margin,
                                       std::int64_t red) {
+  const BackwardChecks checked;
   at::Tensor grad = new_grad(input, true);
   guarded_runtime(input, [&] {
     multi_margin_backward(view(input, "input"), view(target, "target"), view(grad_output, "grad_output"),
@@ -161,6 +164,7 @@ at::Tensor multilabel_margin_loss(const at::Tensor& input, const at::Tensor& tar
 
 at::Tensor multilabel_margin_loss_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                            const at::Tensor& target, std::int64_t red) {
+  const BackwardChecks checked;
   at::Tensor grad = new_grad(input, true);
   guarded_runtime(input, [&] {
     multilabel_margin_backward(view(input, "input"), view(target, "target"), view(grad_output, "grad_output"),
@@ -191,6 +195,7 @@ at::Tensor multilabel_soft_margin_loss(const at::Tensor& input, const at::Tensor
 std::tuple<at::Tensor, at::Tensor> multilabel_soft_margin_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& target,
     const std::optional<at::Tensor>& weight, std::int64_t red, std::array<bool, 2> output_mask) {
+  const BackwardChecks checked;
   at::Tensor gx = new_grad(input, output_mask[0]);
   at::Tensor gt = new_grad(target, output_mask[1]);
   guarded_on(input, [&] {

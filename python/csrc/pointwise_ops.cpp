@@ -48,9 +48,9 @@ struct Held<Backward> {
 // Runs `kernel(grads)` with new gradient tensors for the operands the mask asks for (each of its operand's shape
 // and dtype, contiguous) and empty (0,) tensors for the others; in a held op, with the held tensors instead.
 template <std::size_t N, class Kernel>
-std::array<at::Tensor, N> run_backward(const std::array<const at::Tensor*, N>& operands,
-                                       const std::array<const char*, N>& names, std::array<bool, N> mask,
-                                       Kernel&& kernel) {
+std::array<at::Tensor, N> run_grads(const std::array<const at::Tensor*, N>& operands,
+                                    const std::array<const char*, N>& names, std::array<bool, N> mask,
+                                    Kernel&& kernel) {
   std::array<at::Tensor, N> grads;
   if (t_held != nullptr) {
     TORCH_CHECK(t_held->size() == N, "lossfuse: held gradients: expected ", N, ", got ", t_held->size());
@@ -64,6 +64,16 @@ std::array<at::Tensor, N> run_backward(const std::array<const at::Tensor*, N>& o
     kernel(views);
   });
   return grads;
+}
+
+// A backward op's run_grads, under BackwardChecks: its forward checked the operands (the fused op, a forward, takes
+// run_grads itself and checks them).
+template <std::size_t N, class Kernel>
+std::array<at::Tensor, N> run_backward(const std::array<const at::Tensor*, N>& operands,
+                                       const std::array<const char*, N>& names, std::array<bool, N> mask,
+                                       Kernel&& kernel) {
+  const BackwardChecks checked;
+  return run_grads<N>(operands, names, mask, std::forward<Kernel>(kernel));
 }
 
 // An (input, target) backward: the two gradients requested by output_mask.
@@ -88,8 +98,8 @@ std::array<at::Tensor, N + 1> run_fused(const std::array<const at::Tensor*, N>& 
                                         std::int64_t red, Kernel&& kernel) {
   const at::Tensor loss = new_loss(*operands[0], operands[0]->sizes(), red);
   const std::array<at::Tensor, N> g =
-      run_backward<N>(operands, names, mask,
-                      [&](const std::array<std::optional<TensorView>, N>& v) { kernel(output_view(loss, "loss"), v); });
+      run_grads<N>(operands, names, mask,
+                   [&](const std::array<std::optional<TensorView>, N>& v) { kernel(output_view(loss, "loss"), v); });
   std::array<at::Tensor, N + 1> out;
   out[0] = loss;
   for (std::size_t i = 0; i < N; ++i) out[i + 1] = g[i];
@@ -365,9 +375,10 @@ void bce_kernel(F&& f) {
 // torch (2.15) also requires every target element in [0, 1] (nan is out) in the forward, after the input's check;
 // lossfuse's bce kernels leave the target's range to the caller. One vectorized min/max pass (nan propagates into
 // both) and one value read back (on CUDA, a synchronisation); only on failure is the first bad element looked for, to
-// name its position and value. Under CUDA-graph capture nothing can be read back, and the range goes unchecked.
+// name its position and value. Under CUDA-graph capture nothing can be read back, nor is under CudaCheck::nan, and
+// the range goes unchecked.
 void check_bce_target(const at::Tensor& target) {
-  if (target.numel() == 0 || capturing(target)) return;
+  if (target.numel() == 0 || capturing(target) || (target.is_cuda() && cuda_check() == CudaCheck::nan)) return;
   const auto [lo, hi] = at::aminmax(target);
   if (((lo >= 0.0) & (hi <= 1.0)).item<bool>()) return;
   const at::Tensor bad = (target.lt(0) | target.gt(1) | target.isnan()).flatten().nonzero();

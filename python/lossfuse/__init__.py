@@ -20,12 +20,13 @@ from . import distributed
 from ._args import ArgumentError
 from ._vmap import register_vmap_rules as _register_vmap_rules
 from ._patch import patch_torch, unpatch_torch
+from ._cuda import cuda_check, cuda_host_syncs
 
 _register_vmap_rules()  # after every op above is defined
 
 __all__ = [
     "nn", "distributed", "patch_torch", "unpatch_torch", "empty_cache", "ArgumentError", "cache_key_tag", "catalog",
-    "CatalogEntry",
+    "CatalogEntry", "cuda_check", "cuda_host_syncs",
 ]
 __version__ = "0.1.0"
 

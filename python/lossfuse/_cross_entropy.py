@@ -7,6 +7,7 @@ import torch.nn as _tnn
 
 from ._args import (ArgumentError, CeOptions, as_argument_error, autocast_float32, autocasts, check_class_weight_dtype,
                     check_optional_tensors, check_tensors, reduction_code, torch_label_smoothing)
+from ._cuda import cuda_check
 from ._func import differentiable_grads, graph_needed
 from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad, new_loss
 from ._protocol import overridable
@@ -135,7 +136,8 @@ def _held_grad(ctx, input, target, weight):
     kernel, the same to the bit as the first (backward is reentrant, as gradcheck checks)."""
     grad = ctx.eager_grad[0]
     if grad is None:
-        return torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
+        with cuda_check("nan"):  # targets the first forward checked (the backward ops' rule: BackwardChecks)
+            return torch.ops.lossfuse.cross_entropy(input, target, weight, *ctx.args, True)[3]
     ctx.eager_grad = [None]
     return grad
 

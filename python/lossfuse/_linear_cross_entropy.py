@@ -8,6 +8,7 @@ import torch.nn as _tnn
 
 from ._args import (ArgumentError, CeOptions, autocast_float32, autocast_lower, check_class_weight_dtype,
                     reduction_code, torch_label_smoothing)
+from ._cuda import cuda_check
 from ._func import differentiable_grads, graph_needed
 from ._outputs import acc_dtype, class_target_mean, in_acc_dtype, lse_dtype, new_grad
 from ._protocol import overridable
@@ -124,8 +125,9 @@ def _lce_backward(ctx, grad_loss, grad_lse, grad_z_loss, grad_gx, grad_gw, grad_
         if any(again):
             # new gradients from the same forward kernel (same mask), the same to the bit as the first (backward is
             # reentrant, as gradcheck checks), scaled the same way
-            computed = torch.ops.lossfuse.linear_cross_entropy(input, linear_weight, target, linear_bias, weight,
-                                                               *ctx.args, ctx.grad_mask)[3:]
+            with cuda_check("nan"):  # targets the first forward checked (the backward ops' rule: BackwardChecks)
+                computed = torch.ops.lossfuse.linear_cross_entropy(input, linear_weight, target, linear_bias, weight,
+                                                                   *ctx.args, ctx.grad_mask)[3:]
             for i in range(3):
                 if again[i]:
                     out[i] = handed[i] = computed[i]

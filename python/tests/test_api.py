@@ -698,3 +698,34 @@ def test_patch_serves_cuda_only_where_the_build_has_cuda_kernels():
         served = lossfuse._patch.devices(name)
         assert {"cpu", "meta"} <= set(served), name
         assert ("cuda" in served) == (cuda_route and loss in with_kernels), name
+
+
+def test_cuda_check_is_scoped_per_thread_and_leaves_cpu_calls_checked():
+    """lossfuse.cuda_check sets this thread's CUDA check policy for its block and restores the previous one, even
+    after an error; another thread keeps its own. CPU calls raise for a bad target whatever the policy, and make no
+    host synchronisation (lossfuse.cuda_host_syncs() unchanged)."""
+    import threading
+
+    current = torch.ops.lossfuse._cuda_check  # sets a policy and returns the previous one
+    syncs = lossfuse.cuda_host_syncs()
+    assert isinstance(syncs, int)
+    x, t = torch.randn(4, 5, requires_grad=True), torch.tensor([1, 2, 3, 5])
+    with lossfuse.cuda_check("nan"):
+        assert current(1) == 1
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(current(0)))
+        thread.start()
+        thread.join()
+        assert seen == [0], "another thread sees the default ('report')"
+        with pytest.raises(IndexError, match="got 5 at position"):
+            LF.cross_entropy(x, t)
+        with pytest.raises(IndexError, match="got 5 at position"):
+            with lossfuse.cuda_check("report"):
+                assert current(0) == 0
+                LF.cross_entropy(x, t)
+        assert current(1) == 1, "the inner block restored 'nan' after its error"
+    assert current(0) == 0
+    assert lossfuse.cuda_host_syncs() == syncs
+    with pytest.raises(lossfuse.ArgumentError, match="expected 'report' or 'nan', got 'off'"):
+        with lossfuse.cuda_check("off"):
+            pass

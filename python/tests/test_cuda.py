@@ -358,6 +358,115 @@ def test_autocast_cross_entropy_backward_reads_nothing_back(upstream):
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -7, atol=1e-6 * upstream)
 
 
+BACKWARD_OP_STEPS = ["cross_entropy none", "cross_entropy autocast none", "nll_loss", "linear_cross_entropy recompute",
+                     "linear_cross_entropy none", "multi_margin_loss", "multilabel_margin_loss", "ctc_loss",
+                     "binary_cross_entropy"]
+
+
+def _backward_op_steps():
+    """Training steps (inputs, then a step of (inputs) -> loss) whose backward is a backward op (not a held gradient
+    scaled): cross_entropy 'none', under autocast 'none', nll_loss, linear_cross_entropy's recompute strategy and
+    'none', a margin loss with class targets, another with label lists, CTC with CUDA lengths, bce."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    x = torch.randn(64, 300, device="cuda", generator=gen)
+    t = torch.randint(0, 300, (64,), device="cuda", generator=gen)
+    t[::5] = -100
+    w = torch.randn(300, 32, device="cuda", generator=gen) / 32 ** 0.5
+    h = torch.randn(64, 32, device="cuda", generator=gen)
+    labels = torch.full((64, 300), -1, device="cuda", dtype=torch.int64)
+    labels[:, :3] = torch.randint(0, 300, (64, 3), device="cuda", generator=gen)
+    lp, targets, il, tl = _ctc_inputs(gen)
+
+    def autocast_none(a):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return LF.cross_entropy(a.bfloat16(), t, reduction="none").sum()
+
+    return {
+        "cross_entropy none": ((x,), lambda a: LF.cross_entropy(a, t, reduction="none").sum()),
+        "cross_entropy autocast none": ((x,), autocast_none),
+        "nll_loss": ((x.log_softmax(1),), lambda a: LF.nll_loss(a, t)),
+        "linear_cross_entropy recompute": ((h, w), lambda a, b: LF.linear_cross_entropy(a, b, t, strategy="recompute")),
+        "linear_cross_entropy none": ((h, w), lambda a, b: LF.linear_cross_entropy(a, b, t, reduction="none").sum()),
+        "multi_margin_loss": ((x,), lambda a: LF.multi_margin_loss(a, t.clamp(min=0))),
+        "multilabel_margin_loss": ((x,), lambda a: LF.multilabel_margin_loss(a, labels)),
+        "ctc_loss": ((lp,), lambda a: LF.ctc_loss(a, targets, il, tl, zero_infinity=True)),
+        "binary_cross_entropy": ((x.sigmoid(),), lambda a: LF.binary_cross_entropy(  # 'none': the backward op
+            a, t.clamp(min=0).float().unsqueeze(1).expand(-1, 300) / 300, reduction="none").sum()),
+    }
+
+
+@pytest.mark.parametrize("name", BACKWARD_OP_STEPS)
+def test_backward_reads_nothing_back(name):
+    """A backward op runs its CUDA calls as CudaCheck::nan (binding.hpp BackwardChecks): the forward checked the
+    inputs, so the backward reads nothing back (lossfuse.cuda_host_syncs() unchanged across it) and its gradients are
+    finite. Their values are the other tests' (test_*_matches_torch)."""
+    steps = _backward_op_steps()
+    assert list(steps) == BACKWARD_OP_STEPS
+    inputs, step = steps[name]
+    leaves = [a.detach().clone().requires_grad_() for a in inputs]
+    loss = step(*leaves)
+    torch.cuda.synchronize()
+    before = lossfuse.cuda_host_syncs()
+    backward_raising_on_sync(loss)  # and no synchronising torch call either
+    torch.cuda.synchronize()
+    assert lossfuse.cuda_host_syncs() == before, "the backward read a check back"
+    for leaf in leaves:
+        assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+
+
+def test_training_forwards_still_report():
+    """The backward ops' CudaCheck::nan stays theirs: a training step's forward (the fused elementwise op, the C++
+    cross-entropy node) still raises for a bad value, by default."""
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    p = torch.rand(8, 100, device="cuda", generator=gen).clamp(0.1, 0.9)
+    y = torch.rand(8, 100, device="cuda", generator=gen)
+    bad_p, bad_y = p.clone(), y.clone()
+    bad_p[3, 7], bad_y[2, 5] = 1.5, 1.5
+    with pytest.raises(RuntimeError):
+        LF.binary_cross_entropy(bad_p.requires_grad_(), y)
+    with pytest.raises(RuntimeError, match="expected every element in \\[0, 1\\]"):
+        LF.binary_cross_entropy(p.clone().requires_grad_(), bad_y)
+    with pytest.raises(ValueError):
+        LF.gaussian_nll_loss(p.clone().requires_grad_(), y, -p)
+    x = torch.randn(8, 100, device="cuda", generator=gen, requires_grad=True)
+    with pytest.raises(IndexError, match="100 at position"):
+        LF.cross_entropy(x, torch.full((8,), 100, device="cuda"))
+
+
+def test_cuda_check_nan_training_step_reads_nothing_back():
+    """Under lossfuse.cuda_check("nan") a cross_entropy training step ('none', then mean) reads nothing back, forward
+    included, and gives the default's bits; a bad target is then no error: its row's loss and gradient are NaN, the
+    other rows as before. Outside the block a bad target raises again."""
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    x = torch.randn(64, 3000, device="cuda", generator=gen)
+    t = torch.randint(0, 3000, (64,), device="cuda", generator=gen)
+
+    def step(target, reduction):
+        leaf = x.clone().requires_grad_()
+        loss = LF.cross_entropy(leaf, target, reduction=reduction)
+        (loss.sum() if reduction == "none" else loss).backward()
+        return loss.detach(), leaf.grad
+
+    for reduction in ("none", "mean"):
+        want = step(t, reduction)
+        torch.cuda.synchronize()
+        before = lossfuse.cuda_host_syncs()
+        with lossfuse.cuda_check("nan"):
+            got = step(t, reduction)
+        torch.cuda.synchronize()
+        assert lossfuse.cuda_host_syncs() == before, reduction
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), reduction
+    bad = t.clone()
+    bad[7] = 3000
+    with lossfuse.cuda_check("nan"):
+        loss, grad = step(bad, "none")
+    assert torch.isnan(loss[7]) and torch.isnan(grad[7]).all()
+    keep = torch.arange(64, device="cuda") != 7
+    assert torch.equal(loss[keep], step(t, "none")[0][keep])
+    with pytest.raises(IndexError, match="3000 at position"):
+        step(bad, "none")
+
+
 def test_graph_capture_elementwise_forwards():
     """Elementwise forwards captured in a CUDA graph: the eager results on replay, and a value outside bce's range
     (nothing can be read back to raise the error) makes the loss NaN."""

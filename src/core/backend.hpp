@@ -64,6 +64,9 @@ class HostCopy {
   TensorView view_;
 };
 
+// Counts one synchronising host copy of a device backend (lossfuse::cuda_host_syncs; src/core/device.cpp).
+void count_host_sync() noexcept;
+
 // Each backend's table: nullptr when it is not built in. cpu: src/cpu/backend.cpp; cuda: src/cuda/backend.cu (in a
 // build with LOSSFUSE_WITH_CUDA; else the nullptr slot in src/core/backend.cpp).
 const Backend* cpu_backend() noexcept;

@@ -107,6 +107,7 @@ void to_host(void* host, const void* src, std::size_t bytes) {
   cuda::check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()),
               "cudaMemcpyAsync (device to host)");
   cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (device to host)");
+  count_host_sync();
 }
 
 // The host buffer may be reused once this returns: the stream is synchronised (pageable memory is staged anyway).
@@ -115,6 +116,7 @@ void from_host(void* dst, const void* host, std::size_t bytes) {
   cuda::check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda::stream()),
               "cudaMemcpyAsync (host to device)");
   cuda::check(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize (host to device)");
+  count_host_sync();
 }
 
 bool value_scan_not_on_cuda(DType, const void*, std::int64_t, ValueScan) {

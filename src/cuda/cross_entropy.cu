@@ -690,14 +690,14 @@ std::vector<Operand> operands(const CeParams& p, const char* first) {
 }
 
 // A device call's steps around its row kernels: the class weights in Acc and the scan record, made on the stream
-// at construction; finish() reads the first bad target back into the call (not under stream capture, where nothing
-// synchronises and a bad row is NaN instead, nor for a held gradient's call, whose targets were checked).
+// at construction; finish() reads the first bad target back into the call (not when reports_bad_values() is false,
+// where nothing synchronises and a bad row is NaN instead, nor for a held gradient's call, whose targets were checked).
 template <class Acc>
 class DeviceSteps {
  public:
   explicit DeviceSteps(const CeParams& p)
       : call_(*p.device_call),
-        no_read_back_(stream_capturing() || call_.held),
+        no_read_back_(call_.held || !reports_bad_values()),
         weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
         scan_(1),
         grid_(scan_grid(p.rows)),

@@ -311,9 +311,10 @@ void ctc_run(const core::CtcParams& p) {
                            {call.loss, "loss"},
                            {call.nll, "neg_log_likelihood"},
                            {call.grad_loss, "grad_loss"}});
-  const bool capturing = stream_capturing();  // then core has refused host arrays
+  const bool reports = reports_bad_values();
   const auto n = [](int64_t v) { return static_cast<std::size_t>(v); };
-  // Host arrays (eager calls only): core's vectors outlive the check's read-back, which synchronises.
+  // Host arrays (eager calls only; refused by core under capture): core's vectors are pageable, and a copy from
+  // pageable memory returns once they are staged, so they may go when the call returns (upload).
   const Scratch<int64_t> host_il(p.input_lengths != nullptr ? n(p.N) : 0),
       host_tl(p.target_lengths != nullptr ? n(p.N) : 0), start(call.target_start != nullptr ? n(p.N) : 0);
   const auto on_device = [&](const int64_t* host, const Scratch<int64_t>& buf, const core::CtcLengths& given) {
@@ -328,7 +329,7 @@ void ctc_run(const core::CtcParams& p) {
   a.batch_stride = call.target_batch_stride;
   a.S = (p.L - 1) / 2;
   a.reduction = call.reduction;
-  if (!capturing && p.N > 0) {
+  if (reports && p.N > 0) {
     const Scratch<unsigned long long> record(1);
     check(cudaMemsetAsync(record.get(), 0xff, sizeof(unsigned long long), stream()), "cudaMemsetAsync (check record)");
     ctc_check_kernel<Acc><<<static_cast<unsigned>(std::min<int64_t>(p.N, 4096)), kThreads, 0, stream()>>>(a,

@@ -41,7 +41,7 @@ struct PwPass {
   PwRecord* rec;
   bool check;           // this pass makes the value check (PwParams::check), flagging rec->bad
   bool gated;           // a check pass ran first: a flagged call writes nothing, or NaN when `poison`
-  bool poison;          // under stream capture (nothing is read back to raise the error)
+  bool poison;          // nothing is read back to raise the error (reports_bad_values)
   bool scaled;          // a reduced backward: the gradient's scale is rec->grad_scale, else 1
   const void* skip_if;  // held gradients: the upstream scalar (Acc); the pass does nothing when it is 1
 };
@@ -170,7 +170,7 @@ void pointwise_run(const PwParams& p) {
   for (int v = 1; v < core::kPwViews; ++v) operands.emplace_back(p.ptr[v], names[v]);
   operands.insert(operands.end(), {{p.loss_rows, "loss"}, {call.loss, "loss"}, {call.grad_scalar, "grad_loss"}});
   const DeviceScope scope(operands);
-  const bool capturing = stream_capturing();
+  const bool poison = !reports_bad_values();  // nothing read back: a flagged call's outputs are NaN
   const bool checking = call.check != core::PwCheck::none;
   const bool reduced = call.reduction != Reduction::none, mean = call.reduction == Reduction::mean;
   // A reduced forward checks in its own pass (it writes only the loss, after it); the rest after a check pass.
@@ -199,11 +199,11 @@ void pointwise_run(const PwParams& p) {
       };
       const void* skip_if = call.skip_if_one ? call.grad_scalar : nullptr;
       if (checking && !check_in_pass) {
-        launch(reads, {nullptr, nullptr, rec.get(), true, false, capturing, false, skip_if});
+        launch(reads, {nullptr, nullptr, rec.get(), true, false, poison, false, skip_if});
       }
       const bool scaled = p.backward && reduced;
       if (scaled) {
-        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, capturing, false, skip_if});
+        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, poison, false, skip_if});
         pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(weights ? tile_weight.get() : nullptr, tiles, rec.get(),
                                                            static_cast<const Acc*>(call.grad_scalar), mean,
                                                            call.denominator, static_cast<const Acc*>(skip_if));
@@ -212,17 +212,17 @@ void pointwise_run(const PwParams& p) {
       PwParams q = p;
       q.check = check_in_pass ? call.check : core::PwCheck::none;
       double* forward_weights = weights && !p.backward ? tile_weight.get() : nullptr;
-      launch(q, {tile_loss.get(), forward_weights, rec.get(), check_in_pass, checking && !check_in_pass, capturing,
-                 scaled, skip_if});
+      launch(q, {tile_loss.get(), forward_weights, rec.get(), check_in_pass, checking && !check_in_pass, poison, scaled,
+                 skip_if});
       if (call.loss != nullptr) {
         pw_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(tile_loss.get(), forward_weights, tiles, rec.get(), mean,
-                                                            weights, call.denominator, capturing,
+                                                            weights, call.denominator, poison,
                                                             static_cast<Acc*>(call.loss));
         check(cudaGetLastError(), "pw_reduce_kernel");
       }
     });
   });
-  if (!checking || capturing) return;
+  if (!checking || poison) return;
   call.bad = read_back(&rec.get()->bad, "pointwise kernels") != 0;
 }
 

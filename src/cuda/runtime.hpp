@@ -2,7 +2,8 @@
 // stream-ordered scratch buffers. Every kernel, copy and scratch buffer of a call goes on the stream the caller set
 // (include/lossfuse/device.hpp; default: the legacy default stream). The device calls (cross-entropy, NLL and the
 // fused linear loss: core::CeDeviceCall; the elementwise losses: core::PwDeviceCall; the margin losses:
-// core::MarginDeviceCall; CTC: core::CtcDeviceCall) read back at most one value and, under stream capture, none.
+// core::MarginDeviceCall; CTC: core::CtcDeviceCall) read back at most one value and, under stream capture or
+// CudaCheck::nan, none (reports_bad_values).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/targets.hpp"
 #include "lossfuse/device.hpp"
 #include "lossfuse/dtype.hpp"
@@ -99,6 +101,11 @@ inline bool stream_capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// Whether a device call reads its check record back to raise the CPU's error for a bad value: not under stream
+// capture, nor under CudaCheck::nan (lossfuse::set_cuda_check). Otherwise nothing is read back and a bad value's
+// outputs are NaN.
+inline bool reports_bad_values() { return cuda_check() == CudaCheck::report && !stream_capturing(); }
+
 // The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps up to 64 MiB of what it frees
 // (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm. Used
 // unless the caller installed an allocator (lossfuse::set_cuda_allocator).
@@ -142,8 +149,8 @@ class Scratch {
 };
 
 // n host values into `buf` (n or more elements) on the calling thread's stream; returns buf's pointer, or nullptr
-// when `host` is. The host array must outlive the stream's next synchronisation (core's vectors outlive the call's
-// read-back); never under stream capture.
+// when `host` is. `host` is pageable memory (core's vectors): the copy returns once it is staged for the transfer
+// (the CUDA runtime's rule for pageable memory), so the array may go after it; never under stream capture.
 template <class T>
 const T* upload(const T* host, std::size_t n, const Scratch<T>& buf) {
   if (host == nullptr) return nullptr;
@@ -163,6 +170,7 @@ inline void read_back_bytes(void* out, const void* src, std::size_t bytes, const
   void* host = read_back_buffer();
   check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (read-back)");
   check(cudaStreamSynchronize(stream()), what);
+  core::count_host_sync();
   std::memcpy(out, host, bytes);
 }
 

@@ -1,11 +1,17 @@
-// The CUDA stream and allocator settings (include/lossfuse/device.hpp): per thread and scoped for the stream,
-// process-wide for the allocator. What the CUDA backend does with them runs only on a GPU (tests/cuda).
+// The CUDA stream, check and allocator settings (include/lossfuse/device.hpp): per thread and scoped for the stream
+// and the check, process-wide for the allocator; CPU calls always report a bad value. What the CUDA backend does with
+// them runs only on a GPU (tests/cuda: RunAs::unchecked).
 #include "lossfuse/device.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <thread>
+#include <vector>
+
+#include "lossfuse/cross_entropy.hpp"
+#include "lossfuse/error.hpp"
 
 namespace {
 
@@ -31,6 +37,46 @@ TEST(DeviceSettings, StreamIsPerThreadAndScoped) {
   }
   EXPECT_EQ(lossfuse::cuda_stream(), fake_stream(1));
   lossfuse::set_cuda_stream(nullptr);
+}
+
+TEST(DeviceSettings, CheckIsPerThreadAndScoped) {
+  using lossfuse::CudaCheck;
+  EXPECT_EQ(lossfuse::cuda_check(), CudaCheck::report);
+  {
+    const lossfuse::CudaCheckScope outer(CudaCheck::nan);
+    EXPECT_EQ(lossfuse::cuda_check(), CudaCheck::nan);
+    CudaCheck seen = CudaCheck::nan;
+    std::thread([&] { seen = lossfuse::cuda_check(); }).join();
+    EXPECT_EQ(seen, CudaCheck::report) << "another thread sees its own (default) check";
+    {
+      const lossfuse::CudaCheckScope inner(CudaCheck::report);
+      EXPECT_EQ(lossfuse::cuda_check(), CudaCheck::report);
+    }
+    EXPECT_EQ(lossfuse::cuda_check(), CudaCheck::nan);
+  }
+  EXPECT_EQ(lossfuse::cuda_check(), CudaCheck::report);
+}
+
+// CudaCheck::nan is the CUDA backend's: a CPU call still names a bad target (its check costs no synchronisation),
+// writes nothing, and counts no host synchronisation.
+TEST(DeviceSettings, CpuCallsReportUnderCheckNan) {
+  std::vector<float> logits(3 * 4, 0.5F), loss(1, -7.0F);
+  std::vector<std::int32_t> target = {1, 4, 2};
+  using lossfuse::DType;
+  using lossfuse::TensorView;
+  const TensorView x = TensorView::contiguous(logits.data(), DType::f32, {3, 4});
+  const TensorView t = TensorView::contiguous(target.data(), DType::i32, {3});
+  const TensorView l = TensorView::contiguous(loss.data(), DType::f32, {});
+  const std::uint64_t syncs = lossfuse::cuda_host_syncs();
+  const lossfuse::CudaCheckScope scope(lossfuse::CudaCheck::nan);
+  try {
+    lossfuse::cross_entropy_forward(x, t, {}, {l, std::nullopt, std::nullopt});
+    ADD_FAILURE() << "no error for target 4 of 4 classes";
+  } catch (const lossfuse::Error& e) {
+    EXPECT_EQ(e.code(), lossfuse::ErrorCode::index_error) << e.what();
+  }
+  EXPECT_EQ(loss[0], -7.0F) << "the loss was written";
+  EXPECT_EQ(lossfuse::cuda_host_syncs(), syncs);
 }
 
 void* no_alloc(std::size_t, CudaStream, void*) { return nullptr; }

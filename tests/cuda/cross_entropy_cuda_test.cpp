@@ -171,8 +171,9 @@ TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
 }
 
 // A weighted, label-smoothed, fused mean call captured into a CUDA graph on a stream of the caller's (torch's
-// capture mode: global) and replayed twice: no host synchronisation during capture, and the same bits as the eager
-// call. Under capture nothing is read back, so a bad target makes the loss NaN instead of an error.
+// capture mode: global) and replayed twice, or run eagerly under CudaCheck::nan: no host synchronisation, and the
+// same bits as the eager call. Neither reads anything back, so a bad target makes its row's gradient and the loss NaN
+// instead of an error.
 TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
   for (bool bad : {false, true}) {
     Spec s = base_spec(DType::bf16, DType::i32);
@@ -180,7 +181,7 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
     s.eps = 0.1;
     s.weight = true;
     Problem p = build(s);
-    auto bits = [&](bool captured) {
+    auto bits = [&](RunAs how) {
       Fwd f = make_outputs(p, true, true);
       Tensor grad = p.new_grad(Layout::contiguous);
       Mirror m(&kCuda);
@@ -188,14 +189,14 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
       o.weight = m(p.weight);
       const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
       const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
-      auto call = [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g); };
-      if (captured) {
-        run_captured(call);
-      } else {
-        call();
-      }
+      run_as(how, [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g); });
       m.download();
-      if (captured && bad) EXPECT_TRUE(std::isnan(f.loss.values()[0])) << "a bad target under capture";
+      if (bad) {
+        EXPECT_TRUE(std::isnan(f.loss.values()[0])) << "a bad target, " << run_name(how);
+        std::int64_t finite = 0;
+        for (std::int64_t c = 0; c < s.shape[1]; ++c) finite += std::isnan(grad.get(5 * s.shape[1] + c)) ? 0 : 1;
+        EXPECT_EQ(finite, 0) << "the bad row's gradient, " << run_name(how);
+      }
       std::vector<std::uint8_t> b = f.loss.storage;
       b.insert(b.end(), f.lse.storage.begin(), f.lse.storage.end());
       b.insert(b.end(), grad.storage.begin(), grad.storage.end());
@@ -203,10 +204,12 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
     };
     if (bad) {
       p.target.set_int(5, -3);
-      (void)bits(true);
+      (void)bits(RunAs::captured);
+      (void)bits(RunAs::unchecked);
     } else {
-      const auto eager = bits(false);
-      EXPECT_TRUE(bits(true) == eager) << "the captured call's bits differ from the eager call's";
+      const auto eager = bits(RunAs::eager);
+      EXPECT_TRUE(bits(RunAs::captured) == eager) << "the captured call's bits differ from the eager call's";
+      EXPECT_TRUE(bits(RunAs::unchecked) == eager) << "the unchecked call's bits differ from the eager call's";
     }
   }
 }
@@ -354,7 +357,8 @@ TEST(NllCudaErrors, BadTargetNamesPositionAndWritesNothing) {
   }
 }
 
-// A weighted 'mean' forward and backward captured into a CUDA graph (run_captured) give the eager calls' bits.
+// A weighted 'mean' forward and backward captured into a CUDA graph (run_captured) or run under CudaCheck::nan
+// (run_unchecked) give the eager calls' bits.
 TEST(NllCudaGraph, CapturedCallsMatchEager) {
   Spec s;
   s.dt = DType::f32;
@@ -364,7 +368,7 @@ TEST(NllCudaGraph, CapturedCallsMatchEager) {
   s.ignore_frac = 0.2;
   s.name = "graph";
   Problem p = build(s);
-  auto bits = [&](bool captured) {
+  auto bits = [&](RunAs how) {
     Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
     Tensor grad = Tensor::make(s.dt, s.shape, Layout::contiguous, kSentinel);
     Mirror m(&kCuda);
@@ -372,22 +376,30 @@ TEST(NllCudaGraph, CapturedCallsMatchEager) {
     o.weight = m(p.weight);
     const TensorView input = m(p.input), target = m(p.target), l = m(loss), g = m(grad);
     const std::optional<TensorView> up = m(p.grad_loss);
-    auto call = [&] {
+    run_as(how, [&] {
       lossfuse::nll_forward(input, target, o, l);
       lossfuse::nll_backward(input, target, up, o, g);
-    };
-    if (captured) {
-      run_captured(call);
-    } else {
-      call();
-    }
+    });
     m.download();
     std::vector<std::uint8_t> b = loss.storage;
     b.insert(b.end(), grad.storage.begin(), grad.storage.end());
     return b;
   };
-  const auto eager = bits(false);
-  EXPECT_TRUE(bits(true) == eager) << "the captured calls' bits differ from the eager calls'";
+  const auto eager = bits(RunAs::eager);
+  EXPECT_TRUE(bits(RunAs::captured) == eager) << "the captured calls' bits differ from the eager calls'";
+  EXPECT_TRUE(bits(RunAs::unchecked) == eager) << "the unchecked calls' bits differ from the eager calls'";
+  // unchecked, a bad target is no error: the loss over it is NaN
+  p.target.set_int(3, s.shape[1]);
+  Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+  {
+    Mirror m(&kCuda);
+    NllOptions o = p.options();
+    o.weight = m(p.weight);
+    const TensorView input = m(p.input), target = m(p.target), l = m(loss);
+    run_unchecked([&] { lossfuse::nll_forward(input, target, o, l); });
+    m.download();
+  }
+  EXPECT_TRUE(std::isnan(loss.get(0))) << "a bad target under CudaCheck::nan";
 }
 
 }  // namespace

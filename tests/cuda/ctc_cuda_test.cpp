@@ -145,6 +145,7 @@ TEST(CtcCuda, RepeatsBitwise) {
 }
 
 void captured(const std::function<void()>& calls) { run_captured(calls); }
+void unchecked(const std::function<void()>& calls) { run_unchecked(calls); }
 
 bool same_bits(const Got& a, const Got& b) {
   return a.loss.storage == b.loss.storage && a.nll.storage == b.nll.storage && a.alpha.storage == b.alpha.storage &&
@@ -152,7 +153,8 @@ bool same_bits(const Got& a, const Got& b) {
 }
 
 // Padded targets with device lengths: the forward (loss, nll, log_alpha) and both backwards captured into a CUDA graph
-// (run_captured: any host synchronisation fails the capture) give the eager calls' bits.
+// (run_captured: any host synchronisation fails the capture) or run under CudaCheck::nan (run_unchecked: no
+// read-back) give the eager calls' bits.
 TEST(CtcCudaGraph, CapturedCallsMatchEager) {
   for (DType dt : {DType::f32, DType::bf16, DType::f64})
     for (Reduction r : {Reduction::mean, Reduction::none, Reduction::sum}) {
@@ -166,11 +168,12 @@ TEST(CtcCudaGraph, CapturedCallsMatchEager) {
       Problem p = make_problem(c);
       const Got eager = run_lib(p, true, &kCuda);
       EXPECT_TRUE(same_bits(run_lib(p, true, &kCuda, captured), eager)) << "captured bits differ from eager";
+      EXPECT_TRUE(same_bits(run_lib(p, true, &kCuda, unchecked), eager)) << "unchecked bits differ from eager";
     }
 }
 
-// Under capture nothing is read back: a sample with a bad label or length gets a NaN loss, nll and gradient (and a
-// reduced loss over it is NaN); the other samples keep their values.
+// Under capture or CudaCheck::nan nothing is read back: a sample with a bad label or length gets a NaN loss, nll and
+// gradient (and a reduced loss over it is NaN); the other samples keep their values.
 TEST(CtcCudaGraph, BadInputsUnderCaptureMakeTheirSampleNaN) {
   const std::vector<std::pair<const char*, std::function<void(Problem&)>>> edits = {
       {"blank as a label", [](Problem& p) { p.targets.set_int(1 * p.S + 1, p.c.blank); }},
@@ -179,28 +182,30 @@ TEST(CtcCudaGraph, BadInputsUnderCaptureMakeTheirSampleNaN) {
       {"target length > S", [](Problem& p) { p.tl.set_int(1, p.S + 1); }},
   };
   for (const auto& [name, edit] : edits)
-    for (Reduction r : {Reduction::none, Reduction::mean}) {
-      SCOPED_TRACE(std::string(name) + " " + std::string(lossfuse::reduction_name(r)));
-      Case c;
-      c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.blank = 0, c.reduction = r, c.upstream = 1.0;
-      c.labels = {{1, 2}, {3, 4, 5}, {2}};
-      Problem clean = make_problem(c), bad = make_problem(c);
-      edit(bad);
-      const Got want = run_lib(clean, true, &kCuda), got = run_lib(bad, true, &kCuda, captured);
-      if (r == Reduction::none) {
-        EXPECT_TRUE(std::isnan(got.loss.get(1)));
-        EXPECT_EQ(got.loss.get(0), want.loss.get(0));
-        EXPECT_EQ(got.loss.get(2), want.loss.get(2));
-      } else {
-        EXPECT_TRUE(std::isnan(got.loss.get(0)));
-      }
-      EXPECT_TRUE(std::isnan(got.nll.get(1)));
-      for (std::int64_t t = 0; t < c.T; ++t)
-        for (std::int64_t k = 0; k < c.C; ++k) {
-          ASSERT_TRUE(std::isnan(got.grad.get(bad.idx(t, 1, k))) && std::isnan(got.grad2.get(bad.idx(t, 1, k))));
-          ASSERT_EQ(got.grad.get(bad.idx(t, 0, k)), want.grad.get(bad.idx(t, 0, k)));
+    for (Reduction r : {Reduction::none, Reduction::mean})
+      for (auto* around : {captured, unchecked}) {
+        SCOPED_TRACE(std::string(name) + " " + std::string(lossfuse::reduction_name(r)) +
+                     (around == captured ? " captured" : " unchecked"));
+        Case c;
+        c.dt = DType::f32, c.T = 9, c.N = 3, c.C = 6, c.blank = 0, c.reduction = r, c.upstream = 1.0;
+        c.labels = {{1, 2}, {3, 4, 5}, {2}};
+        Problem clean = make_problem(c), bad = make_problem(c);
+        edit(bad);
+        const Got want = run_lib(clean, true, &kCuda), got = run_lib(bad, true, &kCuda, around);
+        if (r == Reduction::none) {
+          EXPECT_TRUE(std::isnan(got.loss.get(1)));
+          EXPECT_EQ(got.loss.get(0), want.loss.get(0));
+          EXPECT_EQ(got.loss.get(2), want.loss.get(2));
+        } else {
+          EXPECT_TRUE(std::isnan(got.loss.get(0)));
         }
-    }
+        EXPECT_TRUE(std::isnan(got.nll.get(1)));
+        for (std::int64_t t = 0; t < c.T; ++t)
+          for (std::int64_t k = 0; k < c.C; ++k) {
+            ASSERT_TRUE(std::isnan(got.grad.get(bad.idx(t, 1, k))) && std::isnan(got.grad2.get(bad.idx(t, 1, k))));
+            ASSERT_EQ(got.grad.get(bad.idx(t, 0, k)), want.grad.get(bad.idx(t, 0, k)));
+          }
+      }
 }
 
 // Host values cannot go into a graph: lengths on the host and concatenated targets (whose lengths core reads) are

@@ -1,11 +1,12 @@
 // lossfuse's CUDA tests: device memory for tests/device_mirror.hpp's Mirror, a CUDA-graph capture of a call (and of a
-// call that must be refused), and the main that skips (exit 77, which ctest reports as skipped, never passed) on a
-// machine without a CUDA device.
+// call that must be refused), an eager call under CudaCheck::nan, and the main that skips (exit 77, which ctest
+// reports as skipped, never passed) on a machine without a CUDA device.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -72,6 +73,39 @@ void run_captured(F&& call) {
   if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
   if (graph != nullptr) (void)cudaGraphDestroy(graph);
   (void)cudaStreamDestroy(stream);
+}
+
+// Runs `call` eagerly under CudaCheck::nan (lossfuse::set_cuda_check): a test failure unless it reads nothing back
+// (lossfuse::cuda_host_syncs unchanged); a bad value then makes its outputs NaN, as under capture.
+template <class F>
+void run_unchecked(F&& call) {
+  const std::uint64_t before = lossfuse::cuda_host_syncs();
+  {
+    const lossfuse::CudaCheckScope scope(lossfuse::CudaCheck::nan);
+    try {
+      call();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "under CudaCheck::nan: " << e.what();
+    }
+  }
+  EXPECT_EQ(lossfuse::cuda_host_syncs(), before) << "a call under CudaCheck::nan synchronised with the host";
+}
+
+// How a test runs a call: eagerly, captured into a CUDA graph and replayed twice (run_captured), or eagerly under
+// CudaCheck::nan (run_unchecked). The last two read nothing back, and a bad value makes its outputs NaN.
+enum class RunAs { eager, captured, unchecked };
+inline const char* run_name(RunAs how) {
+  return how == RunAs::eager ? "eager" : how == RunAs::captured ? "captured" : "unchecked";
+}
+template <class F>
+void run_as(RunAs how, F&& call) {
+  if (how == RunAs::captured) {
+    run_captured(call);
+  } else if (how == RunAs::unchecked) {
+    run_unchecked(call);
+  } else {
+    call();
+  }
 }
 
 // Runs `call` under a CUDA-graph capture (global mode) on a stream of its own and returns the lossfuse::Error it

@@ -236,9 +236,9 @@ TEST(LinearCeCudaEdge, BackwardFromAnySavedLse) {
 }
 
 // The fused call (then, reduced, scale_held by an upstream gradient in device memory) and the two-way call (forward,
-// then backward from the saved lse with that upstream gradient) captured into a CUDA graph (run_captured: no host
-// synchronisation) give the eager calls' bits, for 'mean' and 'none'; under capture nothing is read back, so a bad
-// class target makes the loss NaN instead of an error.
+// then backward from the saved lse with that upstream gradient) captured into a CUDA graph (run_captured) or run under
+// CudaCheck::nan (run_unchecked), neither synchronising, give the eager calls' bits, for 'mean' and 'none'; neither
+// reads anything back, so a bad class target makes the loss NaN instead of an error.
 TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
   for (DType t : {DType::f32, DType::bf16})
     for (Reduction red : {Reduction::mean, Reduction::none})
@@ -247,7 +247,7 @@ TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
         c.dt = t, c.N = 300, c.H = 96, c.V = 5003, c.chunk = 97, c.weight = true, c.eps = 0.05, c.zls = 0.001;
         c.red = red;
         SCOPED_TRACE(case_name(c) + (fused ? " forward-with-grads" : " forward+backward"));
-        auto bits = [&](Data& d, bool captured) {
+        auto bits = [&](Data& d, RunAs how) {
           const std::vector<std::int64_t> ls =
               red == Reduction::none ? std::vector<std::int64_t>{c.N} : std::vector<std::int64_t>{};
           Tensor loss = Tensor::make(DType::f32, ls, Layout::contiguous, kSentinel);
@@ -273,11 +273,7 @@ TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
               lossfuse::linear_cross_entropy_backward(x, w, b, tg, *out.lse, up, o, g);
             }
           };
-          if (captured) {
-            run_captured(call);
-          } else {
-            call();
-          }
+          run_as(how, call);
           m.download();
           std::vector<std::uint8_t> v;
           for (const Tensor* r : {&loss, &zl, &lse, &gx, &gw, &gb})
@@ -285,10 +281,12 @@ TEST(LinearCeCudaGraph, CapturedCallsMatchEager) {
           return std::make_pair(v, loss.get(red == Reduction::none ? 4 : 0));
         };
         Data d = case_data(c);
-        const auto eager = bits(d, false);
-        EXPECT_TRUE(bits(d, true).first == eager.first) << "the captured calls' bits differ from the eager calls'";
+        const auto eager = bits(d, RunAs::eager);
+        EXPECT_TRUE(bits(d, RunAs::captured).first == eager.first) << "the captured calls' bits differ";
+        EXPECT_TRUE(bits(d, RunAs::unchecked).first == eager.first) << "the unchecked calls' bits differ";
         d.t.set_int(4, c.V);
-        EXPECT_TRUE(std::isnan(bits(d, true).second)) << "a bad target under capture";
+        EXPECT_TRUE(std::isnan(bits(d, RunAs::captured).second)) << "a bad target under capture";
+        EXPECT_TRUE(std::isnan(bits(d, RunAs::unchecked).second)) << "a bad target under CudaCheck::nan";
       }
 }
 

@@ -95,8 +95,9 @@ TEST(MarginCudaErrors, BadTargetNamesThePositionAndWritesNothing) {
 }
 
 // Each loss's reduced forward and backward (a weighted 'mean', the upstream scalar in device memory) captured into a
-// CUDA graph (run_captured: no host synchronisation) give the eager calls' bits; under capture nothing is read back,
-// so a bad class target makes the loss NaN instead of an error (multilabel_margin: also one past the list's end).
+// CUDA graph (run_captured) or run under CudaCheck::nan (run_unchecked), neither synchronising, give the eager calls'
+// bits; neither reads anything back, so a bad class target makes the loss NaN instead of an error (multilabel_margin:
+// also one past the list's end).
 TEST(MarginCudaGraph, CapturedCallsMatchEager) {
   for (LossKind kind : kKinds)
     for (DType dt : {DType::f32, DType::bf16}) {
@@ -104,7 +105,7 @@ TEST(MarginCudaGraph, CapturedCallsMatchEager) {
       Spec s;
       s.kind = kind, s.dt = dt, s.shape = {64, 300}, s.red = Reduction::mean, s.weight = true, s.swap = true;
       Problem p = build(s);
-      auto bits = [&](bool captured) {
+      auto bits = [&](RunAs how) {
         Outputs out;
         out.loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
         Mirror m(&kCuda);
@@ -117,15 +118,10 @@ TEST(MarginCudaGraph, CapturedCallsMatchEager) {
           g[k] = m(*out.grads[k]);
         }
         const TensorView loss = m(out.loss);
-        auto call = [&] {
+        run_as(how, [&] {
           call_forward(p, v, loss);
           call_backward(p, v, g);
-        };
-        if (captured) {
-          run_captured(call);
-        } else {
-          call();
-        }
+        });
         m.download();
         std::vector<std::uint8_t> b = out.loss.storage;
         for (const auto& t : out.grads) {
@@ -133,25 +129,28 @@ TEST(MarginCudaGraph, CapturedCallsMatchEager) {
         }
         return b;
       };
-      const auto eager = bits(false);
-      EXPECT_TRUE(bits(true) == eager) << "the captured calls' bits differ from the eager calls'";
+      const auto eager = bits(RunAs::eager);
+      EXPECT_TRUE(bits(RunAs::captured) == eager) << "the captured calls' bits differ from the eager calls'";
+      EXPECT_TRUE(bits(RunAs::unchecked) == eager) << "the unchecked calls' bits differ from the eager calls'";
       if (kind != LossKind::multi_margin && kind != LossKind::multilabel_margin) continue;
       // multi_margin: row 7's class; multilabel_margin: a label of row 7, then a value past row 9's terminating -1
       const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> edits =
           kind == LossKind::multi_margin ? std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>{{{7, 300}}}
                                          : std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>{
                                                {{7 * 300, 300}}, {{9 * 300, -1}, {9 * 300 + 5, -4}}};
-      for (const auto& edit : edits) {
-        Problem q = build(s);
-        for (const auto& [at, value] : edit) q.target->set_int(at, value);
-        Tensor loss = Tensor::make(q.acc(), {}, Layout::contiguous, kSentinel);
-        Mirror m(&kCuda);
-        const Views v = views(m, q);
-        const TensorView lv = m(loss);
-        run_captured([&] { call_forward(q, v, lv); });
-        m.download();
-        EXPECT_TRUE(std::isnan(loss.get(0))) << "a bad target under capture (" << edit.back().second << ")";
-      }
+      for (const auto& edit : edits)
+        for (RunAs how : {RunAs::captured, RunAs::unchecked}) {
+          Problem q = build(s);
+          for (const auto& [at, value] : edit) q.target->set_int(at, value);
+          Tensor loss = Tensor::make(q.acc(), {}, Layout::contiguous, kSentinel);
+          Mirror m(&kCuda);
+          const Views v = views(m, q);
+          const TensorView lv = m(loss);
+          run_as(how, [&] { call_forward(q, v, lv); });
+          m.download();
+          EXPECT_TRUE(std::isnan(loss.get(0)))
+              << "a bad target, " << run_name(how) << " (" << edit.back().second << ")";
+        }
     }
 }
 

@@ -82,10 +82,10 @@ TEST(PointwiseCudaErrors, ValueCheckNamesThePositionAndWritesNothing) {
 }
 
 // Forward, backward (a scalar upstream gradient in device memory) and the fused entry captured into a CUDA graph
-// (run_captured) and replayed: no host synchronisation in any of them (the upstream scalar, the weights' sum, the
-// loss and the value check stay on the device), and the eager calls' bits. A weighted 'mean' (mse), a checked 'sum'
-// (bce) and a checked 'mean' (gaussian_nll), float32 and bfloat16. Under capture nothing is read back, so a bad value
-// makes every output NaN instead of an error.
+// (run_captured) and replayed, or run under CudaCheck::nan (run_unchecked): no host synchronisation in any of them (the
+// upstream scalar, the weights' sum, the loss and the value check stay on the device), and the eager calls' bits. A
+// weighted 'mean' (mse), a checked 'sum' (bce) and a checked 'mean' (gaussian_nll), float32 and bfloat16. Neither way
+// reads anything back, so a bad value makes every output NaN instead of an error.
 TEST(PointwiseCudaGraph, CapturedCallsMatchEager) {
   for (PwLoss l : {PwLoss::mse, PwLoss::bce, PwLoss::gaussian_nll}) {
     for (DType dt : {DType::f32, DType::bf16}) {
@@ -97,7 +97,7 @@ TEST(PointwiseCudaGraph, CapturedCallsMatchEager) {
         Problem p = build(s);
         if (bad && l == PwLoss::bce) p.x.store.set(77, -0.25);
         if (bad && l == PwLoss::gaussian_nll) p.z->store.set(77, -0.25);
-        auto run = [&](bool captured) {
+        auto run = [&](RunAs how) {
           std::vector<Tensor> t = {
               Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel), make_grad(dt, s.shape, Layout::contiguous),
               Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel), make_grad(dt, s.shape, Layout::contiguous)};
@@ -107,31 +107,28 @@ TEST(PointwiseCudaGraph, CapturedCallsMatchEager) {
           TensorView up = p.up->view;
           const TensorView d = m(p.up->store);
           up.data = d.data, up.device = d.device;
-          auto call = [&] {
+          run_as(how, [&] {
             pw_forward(a, loss);
             pw_backward(a, up, PointwiseGrads{grad, std::nullopt, std::nullopt});
             pw_forward_backward(a, fused_loss, PointwiseGrads{fused_grad, std::nullopt, std::nullopt});
-          };
-          if (captured) {
-            run_captured(call);
-          } else {
-            call();
-          }
+          });
           m.download();
           return t;
         };
-        const std::vector<Tensor> captured = run(true);
-        if (bad) {
-          for (const Tensor& t : captured) {
-            const std::vector<double> v = t.values();
-            EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
-                << "a bad value under capture leaves a non-NaN output";
+        const std::vector<Tensor> eager = bad ? std::vector<Tensor>{} : run(RunAs::eager);
+        for (RunAs how : {RunAs::captured, RunAs::unchecked}) {
+          const std::vector<Tensor> got = run(how);
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (bad) {
+              const std::vector<double> v = got[i].values();
+              EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
+                  << "a bad value, " << run_name(how) << ", leaves output " << i << " not NaN";
+            } else {
+              EXPECT_TRUE(got[i].storage == eager[i].storage)
+                  << "output " << i << ": " << run_name(how) << " bits differ";
+            }
           }
-          continue;
         }
-        const std::vector<Tensor> eager = run(false);
-        for (std::size_t i = 0; i < eager.size(); ++i)
-          EXPECT_TRUE(captured[i].storage == eager[i].storage) << "output " << i << ": captured bits differ";
       }
     }
   }
