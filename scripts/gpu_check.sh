@@ -71,6 +71,7 @@ step "torch extension" 420 env CMAKE_PREFIX_PATH="$PWD/.gpu/hwy" python3 -m pip 
   --no-deps --target .gpu/py -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=build/gpu-python .
 step "torch cuda tests" 300 env PYTHONPATH="$PWD/.gpu/py" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
   -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
+  python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
+  python/tests/test_distributed.py::test_cuda_tensors
 echo "=== failed steps: $failed"
 exit "$failed"

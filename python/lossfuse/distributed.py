@@ -310,11 +310,10 @@ def _slice_grad(x, t_local, lse, valid, mine, go, red, count, o, inplace):
     eps, scale, softcap, zs, vocab = o.label_smoothing, o.logit_scale, o.softcap, o.z_loss_scale, o.vocab_size
     classes = x.shape[1]
     acc = acc_dtype(x)
-    # Each counted row's logit at its local target (its own class here, class 0 for a target elsewhere), read
-    # before an in-place gradient overwrites it.
-    idx = valid.nonzero().squeeze(1)
-    p = t_local[idx]
-    z, dz = _transform(x[idx, p].to(acc), scale, softcap)
+    # Each row's logit at its local target (its own class here, class 0 for a target elsewhere or an ignored row),
+    # read before an in-place gradient overwrites it. Gathers and a scatter, no row selection: nothing is read back.
+    col = t_local.clamp(min=0).unsqueeze(1)
+    z, dz = _transform(x.gather(1, col).squeeze(1).to(acc), scale, softcap)
     # Every element from the full lse by the backward kernel. With label smoothing eps_k = eps * C_rank / V, the
     # kernel's eps_k / C_rank is the full vocabulary's eps / V (and its softmax coefficient stays 1); its target
     # term, at the local target, is replaced just below.
@@ -327,11 +326,12 @@ def _slice_grad(x, t_local, lse, valid, mine, go, red, count, o, inplace):
         g = x.detach()
     else:
         g = torch.ops.lossfuse.cross_entropy_backward(go_k, x, t_local, *args)
-    # The gradient of the full loss at those elements, q A - eps / V - (1 - eps) [target here], rounded once.
-    lse_i = lse[idx]
-    a = 1 + 2 * zs * lse_i
-    b = eps / vocab + (1 - eps) * mine[idx].to(acc)
-    g[idx, p] = ((torch.exp(z - lse_i) * a - b) * go_k[idx] * dz).to(g.dtype)
+    # The gradient of the full loss at those elements of the counted rows, q A - eps / V - (1 - eps) [target here],
+    # rounded once; an ignored row keeps the kernel's zeros.
+    a = 1 + 2 * zs * lse
+    b = eps / vocab + (1 - eps) * mine.to(acc)
+    at_target = ((torch.exp(z - lse) * a - b) * go_k * dz).to(g.dtype)
+    g.scatter_(1, col, torch.where(valid, at_target, g.gather(1, col).squeeze(1)).unsqueeze(1))
     return g
 
 

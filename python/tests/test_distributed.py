@@ -1,7 +1,7 @@
 """lossfuse.distributed's vocab-parallel losses against torch's cross_entropy on the whole vocabulary.
 
 Each test starts its ranks as separate processes (gloo over a file in a temporary directory: nothing leaves the
-machine). Every rank builds the same full logits from a fixed seed, takes its slice of the classes, and checks its
+machine; the CUDA tests: gloo with CUDA tensors, and NCCL, one rank per GPU). Every rank builds the same full logits from a fixed seed, takes its slice of the classes, and checks its
 own loss and its own slice of the gradient against torch on the full logits (float64 reference; for 16-bit inputs
 our error must be no larger than torch's own on the same inputs), so a wrong value anywhere fails on the rank that
 holds it. A worker that fails exits non-zero with its traceback; the test reports it. Ranks run with a timeout, so a
@@ -24,12 +24,15 @@ from lossfuse.distributed import vocab_parallel_cross_entropy as vpce
 from lossfuse.distributed import vocab_parallel_linear_cross_entropy as vplce
 
 TIMEOUT_S = 240
+DEVICE = torch.device("cpu")  # where the ranks' tensors live: set by worker
 
 
-def run_ranks(tmp_path, case, world):
-    """Runs this file's worker for `case` on `world` ranks; fails with every failing rank's output."""
+def run_ranks(tmp_path, case, world, backend="gloo", device="cpu"):
+    """Runs this file's worker for `case` on `world` ranks over `backend`, the tensors on `device` ('cuda': rank r
+    on GPU r for NCCL, all on GPU 0 for gloo); fails with every failing rank's output."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     init = tmp_path / "rendezvous"
-    procs = [subprocess.Popen([sys.executable, __file__, case, str(rank), str(world), str(init)],
+    procs = [subprocess.Popen([sys.executable, __file__, case, str(rank), str(world), str(init), backend, device],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
              for rank in range(world)]
@@ -48,7 +51,7 @@ def run_ranks(tmp_path, case, world):
 
 # ---- what the ranks run -----------------------------------------------------------------------------------------
 
-SPLITS = {2: [23, 18], 3: [1, 30, 10]}  # unequal slices of a 41-class vocabulary; one slice of a single class
+SPLITS = {1: [41], 2: [23, 18], 3: [1, 30, 10]}  # unequal slices of a 41-class vocabulary; one slice of a single class
 V = 41
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -58,7 +61,8 @@ def full_inputs(dtype, shape=(5, 6), target_dtype=torch.int64, seed=3):
     x = (torch.randn(*shape, V, generator=g) * 3).to(dtype)
     t = torch.randint(0, V, shape, generator=g)
     t.view(-1)[::4] = -100
-    return x, t.to(target_dtype) if target_dtype != torch.uint8 else t.clamp(min=0).to(torch.uint8)
+    t = t.to(target_dtype) if target_dtype != torch.uint8 else t.clamp(min=0).to(torch.uint8)
+    return x.to(DEVICE), t.to(DEVICE)
 
 
 def my_slice(x, rank, world):
@@ -116,6 +120,22 @@ def check_against(ours, ref64, theirs, dtype, what):
         assert err <= theirs_err + 1e-7, f"{what}: largest error {err:.3g}, torch's own {theirs_err:.3g}"
 
 
+def grad_without_sync(loss, leaf, upstream):
+    """torch.autograd.grad(loss, leaf, upstream); with CUDA tensors the backward makes no synchronising torch call
+    (torch's sync debug mode raises on one) and reads nothing back inside lossfuse."""
+    if DEVICE.type != "cuda":
+        return torch.autograd.grad(loss, leaf, upstream)
+    torch.cuda.synchronize()
+    before = lossfuse.cuda_host_syncs()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = torch.autograd.grad(loss, leaf, upstream)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert lossfuse.cuda_host_syncs() == before, "the backward read values back"
+    return grads
+
+
 def one_case(rank, world, dtype, kw, shape=(5, 6), target_dtype=torch.int64, upstream=lambda l: torch.ones_like(l),
              give_slice=False, edit=None, inplace=False):
     x, t = full_inputs(dtype, shape, target_dtype)
@@ -130,7 +150,7 @@ def one_case(rank, world, dtype, kw, shape=(5, 6), target_dtype=torch.int64, ups
     what = f"rank {rank}/{world} {dtype} {kw} shape {shape} target {target_dtype} inplace {inplace}"
     assert loss.dtype == dtype, f"{what}: loss dtype {loss.dtype}"
     check_against(loss.detach(), loss64, loss_t, dtype, what + " loss")
-    (grad,) = torch.autograd.grad(loss, xs, upstream(loss.detach()).to(loss.dtype))
+    (grad,) = grad_without_sync(loss, xs, upstream(loss.detach()).to(loss.dtype))
     assert grad.dtype == dtype
     if inplace:
         assert torch.equal(logits.detach(), grad), f"{what}: the logits must hold their gradient"
@@ -145,7 +165,7 @@ def case_values(rank, world):
             one_case(rank, world, dtype, dict(reduction=reduction, label_smoothing=0.1, z_loss_scale=1e-2))
     def upstream_rows(loss):  # the same per-row upstream gradient at every call
         g = torch.Generator().manual_seed(11)
-        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.dtype)
+        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.device, loss.dtype)
     one_case(rank, world, torch.float32, dict(reduction="none", softcap=4.0, logit_scale=1.5), upstream=upstream_rows)
     one_case(rank, world, torch.float32, dict(reduction="mean"), upstream=lambda l: torch.full_like(l, 3.7))
     one_case(rank, world, torch.float32, dict(ignore_index=0, label_smoothing=0.2), give_slice=True,
@@ -301,7 +321,7 @@ def linear_inputs(dtype, lead=(9,), bias=True, seed=5):
     b = torch.randn(V, generator=g).to(dtype) if bias else None
     t = torch.randint(0, V, lead, generator=g)
     t.view(-1)[::4] = -100
-    return x, w, b, t
+    return tuple(a if a is None else a.to(DEVICE) for a in (x, w, b, t))
 
 
 def linear_case(rank, world, dtype, kw, lead=(9,), bias=True, chunk_rows=0, reduce_input_grad=True,
@@ -346,7 +366,7 @@ def case_linear(rank, world):
         linear_case(rank, world, dtype, dict(label_smoothing=0.1, z_loss_scale=1e-2), chunk_rows=2)
     def upstream_rows(loss):
         g = torch.Generator().manual_seed(12)
-        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.dtype)
+        return (torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5).to(loss.device, loss.dtype)
     linear_case(rank, world, torch.float32, dict(reduction="none", softcap=4.0, logit_scale=1.5, label_smoothing=0.2),
                 upstream=upstream_rows, chunk_rows=4)
     linear_case(rank, world, torch.float32, dict(reduction="sum"), upstream=lambda l: torch.full_like(l, 3.7))
@@ -415,13 +435,13 @@ def linear_autocast_case(rank, world):
     loss64 = torch_loss(F.linear(*low), t, kw)
     g64 = torch.autograd.grad(loss64, low)
     leaves_t = [a.clone().requires_grad_() for a in (x, w, b)]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         loss_t = torch_loss(F.linear(*leaves_t), t, kw)
     g_t = torch.autograd.grad(loss_t, leaves_t)
     start = sum(SPLITS[world][:rank])
     sl = slice(start, start + SPLITS[world][rank])
     leaves = [x.clone().requires_grad_(), w[sl].clone().requires_grad_(), b[sl].clone().requires_grad_()]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         loss = vplce(leaves[0], leaves[1], t, linear_bias=leaves[2], chunk_rows=4, **kw)
         grads = torch.autograd.grad(loss, leaves)
     what = f"rank {rank}/{world} autocast"
@@ -438,7 +458,7 @@ def linear_autocast_case(rank, world):
     for g, h in zip(grads, torch.autograd.grad(loss_low, low)):
         assert torch.equal(g, h.float()), what + ": gradients differ from the bfloat16 call's"
     x8 = leaves[0].detach().mul(8).requires_grad_()  # logits large enough for their rounding to show
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         g8 = torch.autograd.grad(vplce(x8, leaves[1], t, linear_bias=leaves[2], chunk_rows=4, **kw), x8)[0]
     x8_low = x8.detach().bfloat16().requires_grad_()
     g8_low = torch.autograd.grad(vplce(x8_low, low[1], t, linear_bias=low[2], chunk_rows=4, **kw), x8_low)[0]
@@ -457,10 +477,14 @@ def case_linear_gradcheck(rank, world):
                                LF.linear_cross_entropy(x, w, t, linear_bias=b, **kw), rtol=1e-12, atol=0)
 
 
-def worker(case, rank, world, init):
+def worker(case, rank, world, init, backend, device):
     import torch.distributed as dist
     import datetime
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+    global DEVICE
+    if device == "cuda":
+        DEVICE = torch.device("cuda", rank if backend == "nccl" else 0)
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S - 30))
     try:
         {"values": case_values, "edges": case_edges, "gradcheck": case_gradcheck, "linear": case_linear,
@@ -495,6 +519,25 @@ def test_linear_gradcheck_one_rank(tmp_path):
     run_ranks(tmp_path, "linear_gradcheck", 1)
 
 
+def _cuda_worlds():
+    """(backend, world) pairs this machine can run with CUDA tensors: gloo's ranks share GPU 0, NCCL's take one each."""
+    if not (torch.cuda.is_available() and torch.ops.lossfuse._has_cuda()):
+        return []
+    worlds = [("gloo", 2), ("gloo", 3)]
+    if torch.distributed.is_nccl_available():
+        worlds += [("nccl", w) for w in (1, 2) if w <= torch.cuda.device_count()]
+    return worlds
+
+
+@pytest.mark.skipif(not _cuda_worlds(), reason="needs a CUDA device and lossfuse's CUDA backend")
+@pytest.mark.parametrize("case", ["values", "edges", "linear"])
+def test_cuda_tensors(tmp_path, case):
+    """The same checks with every rank's tensors on a GPU: lossfuse's CUDA kernels, torch on CUDA as the oracle."""
+    for backend, world in _cuda_worlds():
+        if world > 1 or case == "values":  # the other cases' errors need ranks that disagree
+            run_ranks(tmp_path / f"{backend}{world}", case, world, backend, "cuda")
+
+
 def test_needs_an_initialized_process_group():
     x, t = torch.randn(3, 5), torch.tensor([0, 1, 2])
     if torch.distributed.is_initialized():
@@ -508,7 +551,7 @@ def test_needs_an_initialized_process_group():
 
 if __name__ == "__main__":
     try:
-        worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
     except BaseException:
         traceback.print_exc()
         sys.exit(1)
