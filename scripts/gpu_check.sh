@@ -5,8 +5,9 @@
 # Steps: the CUDA C++ tests (every cross-entropy / NLL, elementwise, margin, CTC and whole-row fused linear case of the
 # CPU suite on device tensors, against the float64 reference), compute-sanitizer memcheck and racecheck on subsets,
 # the benches, then the torch extension built with its CUDA route (against this machine's torch, Highway from
-# .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py). Executables come from .gpu/bin when scripts/gpu_build.sh
-# made them elsewhere (machines without Highway / GoogleTest), else are built here. Exit status: the number of failed
+# .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py, the CUDA cases of test_distributed.py and, where
+# transformers is installed, of test_transformers.py). Executables come from .gpu/bin when scripts/gpu_build.sh made
+# them elsewhere (machines without Highway / GoogleTest), else are built here. Exit status: the number of failed
 # steps. The steps' limits add up to more than one device session's time; a first pass on a new machine can run
 #   GPU_CHECK_ONLY='^(build|cuda (pointwise|margin|ctc|linear) tests|memcheck (pointwise|margin|ctc|linear))$' \
 #     scripts/gpu_check.sh OUT
@@ -71,7 +72,8 @@ step "torch extension" 420 env CMAKE_PREFIX_PATH="$PWD/.gpu/hwy" python3 -m pip 
   --no-deps --target .gpu/py -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=build/gpu-python .
 step "torch cuda tests" 300 env PYTHONPATH="$PWD/.gpu/py" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
   -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
-  python/tests/test_distributed.py::test_cuda_tensors
+  python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py \
+  python/tests/test_distributed.py::test_cuda_tensors \
+  python/tests/test_transformers.py::test_cuda_loss_and_every_gradient_match_the_unpatched_model
 echo "=== failed steps: $failed"
 exit "$failed"

@@ -5,7 +5,8 @@ gradient accumulation with num_items_in_batch, padding, logits kept or not, tupl
 
 import pytest
 import torch
-import transformers
+
+transformers = pytest.importorskip("transformers")  # the GPU check's hosts may lack it: reported as a skip
 
 import lossfuse.integrations.transformers as lft
 
@@ -64,9 +65,9 @@ def loss_and_grads(model, ids, mask, labels, **kw):
     return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def compare(model, **kw):
-    """(unpatched, patched) (output, grads) of the same model and batch."""
-    ids, mask, labels = batch()
+def compare(model, device="cpu", **kw):
+    """(unpatched, patched) (output, grads) of the same model and batch (on `device`)."""
+    ids, mask, labels = (a.to(device) for a in batch())
     lft.unapply(model)
     ref = loss_and_grads(model, ids, mask, labels, **kw)
     lft.apply(model)
@@ -156,8 +157,8 @@ def errors_against_float64(name, run):
     for patched in (False, True):
         (lft.apply if patched else lft.unapply)(model)
         out, grads = run(model, ids, mask, labels)
-        errors.append((abs(out.loss.double() - ref_out.loss).item(),
-                       max(((grads[n].double() - ref_grads[n]).abs().max() / ref_grads[n].abs().max()).item()
+        errors.append((abs(out.loss.double().cpu() - ref_out.loss).item(),
+                       max(((grads[n].double().cpu() - ref_grads[n]).abs().max() / ref_grads[n].abs().max()).item()
                            for n in ref_grads)))
         assert out.loss.dtype == torch.float32
     lft.unapply(model)
@@ -173,6 +174,30 @@ def test_bf16_weights_no_less_exact_than_transformers(name):
     assert our_loss <= 1.25 * hf_loss + 1e-6  # both carry the same bf16 body; the head's part is ours
     assert our_grad <= 1.25 * hf_grad + 1e-6
     assert our_grad < 0.1
+
+
+CUDA = torch.cuda.is_available() and torch.ops.lossfuse._has_cuda()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and lossfuse's CUDA backend")
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Gemma2ForCausalLM", "Qwen2ForCausalLM", "PhiForCausalLM",
+                                  "GPT2LMHeadModel"])
+def test_cuda_loss_and_every_gradient_match_the_unpatched_model(name):
+    """The model on CUDA: float32 against transformers' own loss on the same device; bf16 weights no less exact than
+    transformers' against the float64 model on the CPU."""
+    model = tiny(name).cuda()
+    (ref_out, ref_grads), (out, grads) = compare(model, device="cuda")
+    assert out.loss.device.type == "cuda" and out.logits is None
+    torch.testing.assert_close(out.loss, ref_out.loss, rtol=1e-5, atol=0)
+    assert_grads_close(ref_grads, grads, rtol=1e-4, atol=1e-5)
+    assert len(grads) == len(list(model.parameters()))
+
+    def run(model, ids, mask, labels):
+        return loss_and_grads(model.to("cuda", torch.bfloat16), ids.cuda(), mask.cuda(), labels.cuda())
+
+    (hf_loss, hf_grad), (our_loss, our_grad) = errors_against_float64(name, run)
+    assert our_loss <= 1.25 * hf_loss + 1e-6
+    assert our_grad <= 1.25 * hf_grad + 1e-6
 
 
 def test_autocast_bf16_no_less_exact_than_transformers():
@@ -282,6 +307,9 @@ def test_refusals_name_what_differs():
     model.loss_function = lambda *a, **k: 0
     with pytest.raises(ValueError, match="ForCausalLMLoss"):
         lft.apply(model)
+
+    with pytest.raises(NotImplementedError, match=r"\(cpu.*\), got meta"):  # shapes only: nothing to compute
+        lft.apply(tiny("LlamaForCausalLM").to("meta"))
 
     model = tiny("LlamaForCausalLM")
     model.lm_head = torch.nn.Linear(H, V + 1, bias=False)

@@ -14,9 +14,10 @@ transformers' is. Logits: None in training (`model.training`) when labels are gi
 (..., 0, V) tensor, so the positions hold), computed otherwise (return_logits=True / False at apply or per call
 overrides). Without labels the forward is the model's own.
 The families served are FAMILIES' keys; anything else (another class, a subclass that overrides forward, a head that
-is not a Linear over config.vocab_size, a model.loss_function other than ForCausalLMLoss, tensors off the CPU) is
-refused with an error naming what differs. Proven by python/tests/test_transformers.py (loss and every parameter's
-gradient against the unpatched model). One forward at a time per model: the lm_head hook is registered per call.
+is not a Linear over config.vocab_size, a model.loss_function other than ForCausalLMLoss, a device other than the
+CPU and, in a build with the CUDA route, CUDA) is refused with an error naming what differs. Proven by
+python/tests/test_transformers.py (loss and every parameter's gradient against the unpatched model, on the CPU and on
+CUDA). One forward at a time per model: the lm_head hook is registered per call.
 """
 
 import functools
@@ -25,6 +26,7 @@ import types
 
 import torch
 
+from .. import _patch
 from .._linear_cross_entropy import linear_cross_entropy
 
 
@@ -97,10 +99,11 @@ def _check(model, hidden=None):
         raise ValueError(f"lossfuse: model.loss_function: expected transformers' ForCausalLMLoss, got "
                          f"{getattr(loss_function, '__name__', loss_function)!r}")
     device = hidden.device if hidden is not None else head.weight.device
-    if device.type != "cpu":
-        raise NotImplementedError(f"lossfuse: model: the Python package computes CPU tensors; this model runs on "
-                                  f"{device} (lossfuse.integrations.transformers.unapply(model) restores "
-                                  "transformers' loss)")
+    served = [d for d in _patch.devices("linear_cross_entropy") if d != "meta"]
+    if device.type not in served:
+        raise NotImplementedError(f"lossfuse: model: expected a model on a device lossfuse computes this loss on "
+                                  f"({', '.join(served)}), got {device} (lossfuse.integrations.transformers."
+                                  "unapply(model) restores transformers' loss)")
     return FAMILIES[family.__name__](model)
 
 
