@@ -10,12 +10,12 @@ scripts/setup.sh
 cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOSSFUSE_ONEDNN=OFF -DLOSSFUSE_NVCC_CHECK=OFF \
   -DLOSSFUSE_INSTALL=OFF >/dev/null
 cmake --build build/gpu -j "$(nproc)" --target test_cross_entropy_cuda_test test_pointwise_cuda_test \
-  test_margin_cuda_test test_ctc_cuda_test test_linear_cross_entropy_cuda_test lossfuse_cuda_bench
+  test_margin_cuda_test test_ctc_cuda_test test_linear_cross_entropy_cuda_test lossfuse_cuda_bench lossfuse_cli
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp build/gpu/tests/test_cross_entropy_cuda_test build/gpu/tests/test_pointwise_cuda_test \
   build/gpu/tests/test_margin_cuda_test build/gpu/tests/test_ctc_cuda_test \
   build/gpu/tests/test_linear_cross_entropy_cuda_test \
-  build/gpu/lossfuse_cuda_bench .gpu/bin/
+  build/gpu/lossfuse_cuda_bench build/gpu/lossfuse .gpu/bin/
 for lib in libhwy.so.1 libhwy_contrib.so.1 libgomp.so.1; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" .gpu/lib/
 done

@@ -1,7 +1,8 @@
 // lossfuse: the command line. Parses arguments and dispatches to a subcommand.
 //
 //   lossfuse bench [options]   times the loss kernels registered under bench/ (one <loss>_bench.cpp each)
-//                              against this machine's measured bandwidth and a scalar baseline.
+//                              against this machine's measured bandwidth and a scalar baseline; with --device cuda,
+//                              runs the CUDA bench (bench/cuda/cuda_bench.cu, lossfuse_cuda_bench beside this one).
 //   lossfuse bench-torch [options]
 //                              runs python/bench/torch_bench.py (lossfuse's cross_entropy against PyTorch's,
 //                              eager and compiled) with the source tree's .venv/bin/python, forwarding the options.
@@ -14,7 +15,7 @@
 //                              runs python/bench/plot.py: PNG charts and a leaderboard from the bench commands' CSV.
 //
 // Exit status: 0 ok, 1 a benchmark's correctness check failed or a kernel threw, 2 bad usage; bench-torch,
-// bench-linear and plot return the script's status (127 when it cannot be started).
+// bench-linear, plot and bench --device cuda return the program's status (127 when it cannot be started).
 #include <unistd.h>
 
 #include <cerrno>
@@ -129,6 +130,9 @@ void print_bench_usage(std::ostream& os) {
         "  --quick          only the small shapes, with a shorter min time (a smoke test)\n"
         "  --no-baseline    run the scalar baseline once for the check, but do not time it\n"
         "  --csv PATH       also write the rows as CSV\n"
+        "  --device D       cpu (default), or cuda: the CUDA bench on GPU 0 (every loss's kernels against the\n"
+        "                   device's read and copy probes, the fused linear loss against its cuBLAS GEMMs);\n"
+        "                   takes only --csv; in a build with the CUDA backend\n"
         "  -h, --help       this help\n"
         "\n"
         "losses:\n";
@@ -144,7 +148,9 @@ void print_bench_usage(std::ostream& os) {
         "exit status: 0 ok, 1 a correctness check failed or a kernel threw, 2 bad usage\n";
 }
 
-lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help) {
+// device: --device's value; cpu_options: whether an option the CPU bench alone takes was given.
+lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help, std::string& device,
+                             bool& cpu_options) {
   lb::Options o;
   std::optional<double> min_time;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -169,9 +175,15 @@ lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help)
       }
     };
 
+    cpu_options = cpu_options || (flag != "-h" && flag != "--help" && flag != "--csv" && flag != "--device");
     if (flag == "-h" || flag == "--help") {
       no_value();
       help = true;
+    } else if (flag == "--device") {
+      device = std::string(value());
+      if (device != "cpu" && device != "cuda") {
+        throw UsageError{"--device takes cpu or cuda, got '" + device + "'"};
+      }
     } else if (flag == "--quick") {
       no_value();
       o.quick = true;
@@ -229,11 +241,50 @@ lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help)
   return o;
 }
 
+constexpr int kCannotRun = 127;
+
+// Replaces this process with argv[0] (argv: null-terminated); returns only when it cannot be started.
+int exec_replacing(std::string_view command, std::vector<std::string> argv_strings) {
+  std::vector<char*> argv;
+  for (std::string& a : argv_strings) {
+    argv.push_back(a.data());
+  }
+  argv.push_back(nullptr);
+  std::cout.flush();
+  std::cerr.flush();
+  execv(argv[0], argv.data());
+  std::cerr << "lossfuse " << command << ": cannot run " << argv[0] << ": " << std::strerror(errno) << '\n';
+  return kCannotRun;
+}
+
+// bench --device cuda: lossfuse_cuda_bench from this executable's directory (the build directory, or the
+// installed bin directory), given the --csv path.
+int cuda_bench(const std::string& csv_path) {
+  std::string self(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
+  const std::string dir = n > 0 ? self.substr(0, self.rfind('/', static_cast<std::size_t>(n))) : ".";
+  const std::string bench = dir + "/lossfuse_cuda_bench";
+  if (access(bench.c_str(), X_OK) != 0) {
+    std::cerr << "lossfuse bench: --device cuda: no " << bench
+              << " (it is built with the CUDA backend, when CMake finds nvcc)\n";
+    return kCannotRun;
+  }
+  std::vector<std::string> argv{bench};
+  if (!csv_path.empty()) {
+    argv.push_back(csv_path);
+  }
+  return exec_replacing("bench", std::move(argv));
+}
+
 int bench_command(std::span<const std::string_view> args) {
-  bool help = false;
+  bool help = false, cpu_options = false;
+  std::string device = "cpu";
   lb::Options options;
   try {
-    options = parse_bench_args(args, help);
+    options = parse_bench_args(args, help, device, cpu_options);
+    if (device == "cuda" && cpu_options && !help) {
+      throw UsageError{"--device cuda takes only --csv (the CUDA bench runs its fixed shapes)"};
+    }
   } catch (const UsageError& e) {
     std::cerr << "lossfuse bench: " << e.message << "\n(see 'lossfuse bench --help')\n";
     return kUsageError;
@@ -242,7 +293,7 @@ int bench_command(std::span<const std::string_view> args) {
     print_bench_usage(std::cout);
     return 0;
   }
-  return lb::run_bench(options);
+  return device == "cuda" ? cuda_bench(options.csv_path) : lb::run_bench(options);
 }
 
 // bench-torch, bench-linear: replace this process with `<python> <source>/python/bench/<script> args...`, so the
@@ -254,7 +305,6 @@ int run_python_script(std::string_view command, std::string_view script_name, st
   const char* python_env = std::getenv("LOSSFUSE_PYTHON");
   const bool from_env = python_env != nullptr && *python_env != '\0';
   const std::string python = from_env ? std::string(python_env) : source_dir + "/.venv/bin/python";
-  constexpr int kCannotRun = 127;
   if (access(python.c_str(), X_OK) != 0) {
     if (from_env) {
       std::cerr << "lossfuse " << command << ": LOSSFUSE_PYTHON=" << python << " is not an executable\n";
@@ -270,17 +320,8 @@ int run_python_script(std::string_view command, std::string_view script_name, st
   }
   std::vector<std::string> argv_strings{python, script};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_strings) {
-    argv.push_back(a.data());
-  }
-  argv.push_back(nullptr);
   setenv("LOSSFUSE_CLI", "1", 1);  // the script then names itself 'lossfuse <command>' in its usage
-  std::cout.flush();
-  std::cerr.flush();
-  execv(python.c_str(), argv.data());
-  std::cerr << "lossfuse " << command << ": cannot run " << python << ": " << std::strerror(errno) << '\n';
-  return kCannotRun;
+  return exec_replacing(command, std::move(argv_strings));
 }
 
 int bench_torch_command(std::span<const std::string_view> args) {

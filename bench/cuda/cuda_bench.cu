@@ -374,9 +374,16 @@ void bench_linear(FILE* csv) {
 
 int main(int argc, char** argv) {
   FILE* csv = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
+  if (argc > 1 && csv == nullptr) {
+    std::fprintf(stderr, "lossfuse bench --device cuda: cannot write --csv file '%s'\n", argv[1]);
+    return 2;
+  }
   const std::string only = argc > 2 ? argv[2] : "";
   cudaDeviceProp prop{};
-  ok(cudaGetDeviceProperties(&prop, 0), "properties");
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
+    std::fprintf(stderr, "lossfuse bench --device cuda: no usable CUDA device 0: %s\n", cudaGetErrorString(e));
+    return 1;
+  }
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
   // probes on 4 GiB (well past L2)

@@ -22,8 +22,7 @@ def _catalog_name(name):
 @functools.cache
 def devices(name):
     """The device types lossfuse serves torch.nn.functional's loss `name` on: the catalog's devices for it (the CPU;
-    CUDA for cross-entropy, NLL and the elementwise losses in a build with the CUDA route), and meta (shapes only, as
-    torch.compile traces them)."""
+    CUDA, for every loss, in a build with the CUDA route), and meta (shapes only, as torch.compile traces them)."""
     rows = (line.split(",") for line in torch.ops.lossfuse._catalog().splitlines()[1:])
     served = {device for loss, _, device, _ in rows if loss == _catalog_name(name)}
     if not torch.ops.lossfuse._has_cuda():
@@ -61,8 +60,7 @@ def patch_torch():
 
     torch.nn's loss modules call torch.nn.functional at run time, so they follow. Calling it twice is harmless.
     Calls lossfuse cannot serve stay with torch's own function: tensors on a device lossfuse has no kernels of that
-    loss for (devices() lists those it has: the CPU, and CUDA for cross-entropy, NLL and the elementwise losses in a
-    build with the CUDA route) and tensor subclasses (DTensor, torch.fx's tracing proxies, subclasses overriding
+    loss for (devices() lists those it has: the CPU, and CUDA in a build with the CUDA route) and tensor subclasses (DTensor, torch.fx's tracing proxies, subclasses overriding
     __torch_function__). Under a torch function mode, torch's function hands the call to the mode, as torch does, and
     the mode's own call runs lossfuse.
     torch.jit.script of code calling a patched function fails (TorchScript cannot compile it): script before
