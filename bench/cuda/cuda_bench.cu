@@ -21,6 +21,7 @@
 
 #include "lossfuse/cross_entropy.hpp"
 #include "lossfuse/ctc.hpp"
+#include "lossfuse/device.hpp"
 #include "lossfuse/dtype.hpp"
 #include "lossfuse/linear_cross_entropy.hpp"
 #include "lossfuse/loss_kind.hpp"
@@ -451,12 +452,18 @@ int main(int argc, char** argv) {
       double bytes;
       double probe;
     };
+    // *_unchecked: under CudaCheck::nan, no check record read back (a training step's calls, or capture's)
     const Mode modes[] = {{"forward", logits_bytes, read_gbs},
+                          {"forward_unchecked", logits_bytes, read_gbs},
                           {"forward_backward", 2 * logits_bytes, copy_gbs},
+                          {"forward_backward_unchecked", 2 * logits_bytes, copy_gbs},
                           {"forward_backward_in_place", 2 * logits_bytes, copy_gbs}};
     for (const Mode& m : modes) {
-      const std::string mode = m.name;
+      std::string mode = m.name;
       if (!only.empty() && only != shape_key + mode) continue;
+      const bool unchecked = mode.ends_with("_unchecked");
+      if (unchecked) mode.resize(mode.size() - std::string_view("_unchecked").size());
+      const lossfuse::CudaCheckScope check(unchecked ? lossfuse::CudaCheck::nan : lossfuse::CudaCheck::report);
       const double ms = median_ms(
           [&] {
             if (mode == "forward") {
