@@ -25,4 +25,8 @@ mkdir -p .gpu/hwy/include ".gpu/hwy/lib/$arch/cmake"
 cp -r /usr/include/hwy .gpu/hwy/include/
 cp -a /usr/lib/"$arch"/libhwy*.so* ".gpu/hwy/lib/$arch/"
 cp -r /usr/lib/"$arch"/cmake/hwy ".gpu/hwy/lib/$arch/cmake/"
+# Liger-Kernel's wheel (pure Python, under 1 MB) for gpu_torch_bench.py's comparison; none when PyPI is unreachable
+py=python3
+[ -x .venv/bin/python ] && py=.venv/bin/python
+"$py" -m pip download -q --no-deps -d .gpu/wheels liger-kernel || echo "gpu_build: no Liger-Kernel wheel"
 du -sh .gpu

@@ -4,8 +4,9 @@
 # device's read / copy probes) and torch_bench.csv (torch eager and compiled at the same shapes).
 # Steps: the CUDA C++ tests (every cross-entropy / NLL, elementwise, margin, CTC and whole-row fused linear case of the
 # CPU suite on device tensors, against the float64 reference), compute-sanitizer memcheck and racecheck on subsets,
-# the benches, then the torch extension built with its CUDA route (against this machine's torch, Highway from
-# .gpu/hwy) and its CUDA tests (python/tests/test_cuda.py, the CUDA cases of test_distributed.py and, where
+# the lossfuse bench, then the torch extension built with its CUDA route (against this machine's torch, Highway from
+# .gpu/hwy), the torch bench (torch eager and compiled; Liger-Kernel and lossfuse through torch where they import)
+# and the extension's CUDA tests (python/tests/test_cuda.py, the CUDA cases of test_distributed.py and, where
 # transformers is installed, of test_transformers.py). Executables come from .gpu/bin when scripts/gpu_build.sh made
 # them elsewhere (machines without Highway / GoogleTest), else are built here. Exit status: the number of failed
 # steps. The steps' limits add up to more than one device session's time; a first pass on a new machine can run
@@ -68,13 +69,16 @@ sanitize "racecheck" racecheck test_cross_entropy_cuda_test 'Shapes/*bf16*mean*:
 cuda_bench=("$bin/lossfuse" bench --device cuda --csv)  # lossfuse_cuda_bench itself where a .gpu lacks the command
 [ -x "$bin/lossfuse" ] || cuda_bench=("$bin/lossfuse_cuda_bench")
 step "lossfuse bench" 240 "${cuda_bench[@]}" "$out/cuda_bench.csv"
-step "torch bench" 240 python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
 # The torch extension against this machine's torch (its C++ ABI), into .gpu/py; Highway from scripts/gpu_build.sh
 step "torch extension" 420 env CMAKE_PREFIX_PATH="$PWD/.gpu/hwy" python3 -m pip install -q --no-build-isolation \
   --no-deps --target .gpu/py -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=build/gpu-python .
-step "torch cuda tests" 300 env PYTHONPATH="$PWD/.gpu/py" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
-  -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py \
+# Liger-Kernel for the torch bench's comparison, from the wheel scripts/gpu_build.sh downloaded (pure Python)
+liger=$(ls .gpu/wheels/liger_kernel-*.whl 2>/dev/null | head -1)
+[ -n "$liger" ] && python3 -m zipfile -e "$liger" .gpu/liger
+pyenv=(env PYTHONPATH="$PWD/.gpu/py:$PWD/.gpu/liger" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
+  -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+step "torch bench" 240 "${pyenv[@]}" python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
+step "torch cuda tests" 300 "${pyenv[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py \
   python/tests/test_distributed.py::test_cuda_tensors \
   python/tests/test_transformers.py::test_cuda_loss_and_every_gradient_match_the_unpatched_model
 echo "=== failed steps: $failed"

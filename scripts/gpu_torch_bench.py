@@ -2,9 +2,12 @@
 torch.compile forward+backward (median of timed calls, triton.testing.do_bench); its elementwise losses' eager
 forward+backward on the bench's 16M elements (reduction mean, the input's gradient); and its ctc_loss forward+backward at
 the bench's CTC shapes, native and cuDNN (whose conditions: float32, blank 0, concatenated int32 targets and int32
-lengths on the CPU, every input length T, labels <= 256). Writes CSV rows in the bench's format (pct_of_probe left
-empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
+lengths on the CPU, every input length T, labels <= 256). Where they import, the same cross-entropy steps through
+Liger-Kernel's Triton kernel and through lossfuse's torch package, and the fused linear loss at (8192, 4096, 128256)
+bf16 by Liger, lossfuse and torch's unfused linear + cross_entropy. Writes CSV rows in the bench's format
+(pct_of_probe left empty) to the path given, and prints them. Run by scripts/gpu_check.sh."""
 import csv
+import importlib
 import sys
 
 import torch
@@ -86,9 +89,53 @@ def pointwise_rows():
     return rows
 
 
-def fwd_bwd(x, t):
+def optional(module):
+    """The module, or None (printed) where it does not import: the GPU hosts may lack Liger or lossfuse's build."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001
+        print(f"{module}: not timed ({type(e).__name__}: {e})", flush=True)
+        return None
+
+
+LIGER = optional("liger_kernel.ops")
+LF = optional("lossfuse.nn.functional")
+LINEAR = (8192, 4096, 128256)  # (N, H, V) bf16, as lossfuse_cuda_bench's fused linear loss
+
+
+def fwd_bwd(x, t, loss=F.cross_entropy):
     x.grad = None
-    F.cross_entropy(x, t).backward()
+    loss(x, t).backward()
+
+
+def liger_ce(x, t):  # its forward writes the gradient into x: timed last at each shape
+    return LIGER.LigerCrossEntropyFunction.apply(x, t, None)[0]
+
+
+def linear_rows():
+    n, h, v = LINEAR
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    x = (torch.randn(n, h, device="cuda", generator=gen) * 0.5).bfloat16().requires_grad_(True)
+    w = (torch.randn(v, h, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_(True)
+    t = torch.randint(0, v, (n,), device="cuda", generator=gen)
+    cases = [("torch_unfused_forward_backward", lambda: F.cross_entropy((x @ w.t()).float(), t))]
+    if LF is not None:
+        cases.append(("lossfuse_forward_backward", lambda: LF.linear_cross_entropy(x, w, t)))
+    if LIGER is not None:
+        cases.append(("liger_forward_backward", lambda: LIGER.LigerFusedLinearCrossEntropyFunction.apply(x, w, t)[0]))
+    rows = []
+    for mode, loss in cases:
+        def step():
+            x.grad = w.grad = None
+            loss().backward()
+
+        torch.cuda.reset_peak_memory_stats()
+        ms = do_bench(step, warmup=5, rep=100, return_mode="median")
+        peak = torch.cuda.max_memory_allocated()
+        rows.append(["linear_cross_entropy", n, v, "bf16", f"{mode}_H{h}_peak{peak >> 20}MiB", f"{ms * 1e3:.1f}", "", "",
+                     ""])
+        print(",".join(map(str, rows[-1])), flush=True)
+    return rows
 
 
 def main(path):
@@ -108,12 +155,17 @@ def main(path):
                  ("torch_eager_forward_backward", lambda: fwd_bwd(x, t), 2 * nbytes)]
         if (n, c, dt) in COMPILED:
             cases.append(("torch_compile_forward_backward", lambda: compiled_step(x, t), 2 * nbytes))
+            if LF is not None:
+                cases.append(("lossfuse_torch_forward_backward", lambda: fwd_bwd(x, t, LF.cross_entropy), 2 * nbytes))
+            if LIGER is not None:
+                cases.append(("liger_forward_backward", lambda: fwd_bwd(x, t, liger_ce), 2 * nbytes))
         for mode, fn, moved in cases:
             ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
             rows.append(["cross_entropy", n, c, name, mode, f"{ms * 1e3:.1f}", moved, f"{moved / ms / 1e6:.1f}", ""])
             print(",".join(map(str, rows[-1])), flush=True)
         del x, t
         torch.cuda.empty_cache()
+    rows += linear_rows()
     rows += pointwise_rows()
     rows += ctc_rows()
     with open(path, "w", newline="") as f:
