@@ -78,7 +78,8 @@ liger=$(ls .gpu/wheels/liger_kernel-*.whl 2>/dev/null | head -1)
 pyenv=(env PYTHONPATH="$PWD/.gpu/py:$PWD/.gpu/liger" LD_LIBRARY_PATH="$PWD/.gpu/lib:$PWD/.gpu/hwy/lib/$(gcc \
   -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 step "torch bench" 240 "${pyenv[@]}" python3 scripts/gpu_torch_bench.py "$out/torch_bench.csv"
-step "torch cuda tests" 300 "${pyenv[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py \
+step "torch cuda tests" 300 "${pyenv[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py
+step "torch distributed and transformers" 240 "${pyenv[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
   python/tests/test_distributed.py::test_cuda_tensors \
   python/tests/test_transformers.py::test_cuda_loss_and_every_gradient_match_the_unpatched_model
 echo "=== failed steps: $failed"

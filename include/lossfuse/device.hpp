@@ -33,8 +33,9 @@ class CudaStreamScope {
 // label, a probability outside [0, 1], a negative variance), for the calls the calling thread makes next:
 //   report: the call reads back one 8-byte check record (one synchronisation) and throws the CPU's error, having
 //           written nothing. The default.
-//   nan:    nothing is read back: the bad value's row (CTC: sample; elementwise: every output) is NaN, as under stream
-//           capture, where nothing is ever read back. For calls whose inputs are known good: a backward of checked
+//   nan:    no check record is read back: the bad value's row (CTC: sample; elementwise: every output) is NaN, as
+//           under stream capture. Core's host copies still run (CTC's concatenated targets bring their lengths to the
+//           host), as they are refused under capture. For calls whose inputs are known good: a backward of checked
 //           targets (the PyTorch binding's backward passes run so), or a training step that must not synchronise.
 // The CPU checks on the host, which costs no synchronisation, and always reports. Tests: every CUDA capture test also
 // runs its calls as RunAs::unchecked (tests/cuda/cuda_memory.hpp); DeviceSettings.* (tests/core/device_test.cpp).

@@ -4,6 +4,7 @@ setup_context / backward pair and the op's torch composition."""
 import torch
 
 from ._args import as_argument_error
+from ._cuda import cuda_check
 from ._func import (_JVP, _OwnSaved, _in_function_forward, _interpreters, _keep_primals, _one_grad_level, _outer_grad,
                     _primals, _setup_saving_primals, differentiable_grads, graph_needed)
 from ._outputs import in_acc_dtype, new_grad, new_loss
@@ -283,7 +284,8 @@ def register_loss(name, formula, n_tensors, n_grads, weight_grad=None, different
             return None  # (a traced backward, compiled autograd's say: the backward op, which has a fake)
         fused, ctx.fused = ctx.fused, None
         if fused is None:
-            fused = fused_call((*tensors, *ctx.args), mask)[1]
+            with cuda_check("nan"):  # the forward checked these inputs
+                fused = fused_call((*tensors, *ctx.args), mask)[1]
         empty = grad_output.new_empty(0)
         with _below_autograd():
             held_op.default(grad_output, *tensors, *ctx.args, *([mask] if masked else []),

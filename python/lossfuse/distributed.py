@@ -140,6 +140,18 @@ def _local_arguments(name, input, target, vocab_start, vocab_size, ignore_index,
         return (e if isinstance(e, TypeError) else as_argument_error(e)), None
 
 
+def _collective_device(group, input):
+    """The device of the argument check's tensors: NCCL's current CUDA device, gloo's CPU (it takes both), another
+    backend's the input's; so a rank whose argument is on the wrong device (or not a tensor) still joins the
+    collective and raises with the others."""
+    backend = str(dist.get_backend(group))
+    if "gloo" in backend:
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+
+
 def _agree(name, input, target, vocab_start, vocab_size, error, args, group, device=None, extra=()):
     """One small all_gather of every rank's slice, rows, targets' range and checksum, options, and whether its own
     checks failed: every rank then raises together, or finds its (vocab_start, vocab_size). Checked here, the same on
@@ -147,7 +159,7 @@ def _agree(name, input, target, vocab_start, vocab_size, error, args, group, dev
     are the same on every rank, and every target lies in [0, vocab_size) or is ignore_index. extra: (name, int)
     pairs that must also be equal on every rank (the same names on every rank)."""
     if device is None:
-        device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+        device = _collective_device(group, input)
     keys = _INFO + tuple(k for k, _ in extra)
     mine = [1] + [0] * (len(keys) - 1)
     if error is None:
@@ -405,8 +417,8 @@ def vocab_parallel_linear_cross_entropy(input, linear_weight, target, group=None
     need_x = isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled()
     extra = (("hidden size", input.shape[-1] if error is None else 0), ("reduce_input_grad", bool(reduce_input_grad)),
              ("input requires grad", need_x))
-    vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group, device,
-                                     extra)
+    vocab_start, vocab_size = _agree(name, logits_like, target, vocab_start, vocab_size, error, args, group,
+                                     _collective_device(group, input), extra)
     classes = linear_weight.shape[0]
     acc = acc_dtype(input)
     rows = chunk_rows or max(1, (32 << 20) // (classes * torch.finfo(acc).bits // 8))

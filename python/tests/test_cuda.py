@@ -414,6 +414,27 @@ def test_backward_reads_nothing_back(name):
         assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
 
 
+@pytest.mark.parametrize("name", ["mse_loss", "binary_cross_entropy", "gaussian_nll_loss"])
+def test_retained_graph_second_backward_reads_nothing_back(name):
+    """A retained graph's second backward of a fused elementwise loss runs the fused op again (_register.py
+    handed_over) under CudaCheck::nan: nothing is read back, and the gradient has the first backward's bits."""
+    gen = torch.Generator(device="cuda").manual_seed(34)
+    x, y = (torch.randn(64, 300, device="cuda", generator=gen) for _ in range(2))
+    calls = {"mse_loss": lambda a: LF.mse_loss(a, y),
+             "binary_cross_entropy": lambda a: LF.binary_cross_entropy(a, y.sigmoid()),
+             "gaussian_nll_loss": lambda a: LF.gaussian_nll_loss(a, y, x.abs() + 0.5)}
+    leaf = (x.sigmoid() if name == "binary_cross_entropy" else x).clone().requires_grad_()
+    loss = calls[name](leaf)
+    loss.backward(retain_graph=True)
+    first, leaf.grad = leaf.grad.clone(), None
+    torch.cuda.synchronize()
+    before = lossfuse.cuda_host_syncs()
+    backward_raising_on_sync(loss)
+    torch.cuda.synchronize()
+    assert lossfuse.cuda_host_syncs() == before, "the second backward read a check back"
+    assert torch.equal(leaf.grad, first)
+
+
 def test_training_forwards_still_report():
     """The backward ops' CudaCheck::nan stays theirs: a training step's forward (the fused elementwise op, the C++
     cross-entropy node) still raises for a bad value, by default."""
