@@ -203,7 +203,7 @@ def _prepare(name, tensors, dtype, names=("input", "target")):
     """Operands cast to `dtype` and broadcast to one shape (expanded views); torch's RuntimeError naming them and
     their shapes when they cannot be."""
     shape = broadcast_shape(name, **dict(zip(names, tensors)))
-    return [t.to(dtype).expand(shape) for t in tensors]
+    return [t if t.dtype == dtype and t.shape == shape else t.to(dtype).expand(shape) for t in tensors]
 
 
 def _fit_dims(tensors):

@@ -2,6 +2,7 @@
 
 import inspect
 import os
+import random
 import types
 
 import pytest
@@ -729,3 +730,23 @@ def test_cuda_check_is_scoped_per_thread_and_leaves_cpu_calls_checked():
     with pytest.raises(lossfuse.ArgumentError, match="expected 'report' or 'nan', got 'off'"):
         with lossfuse.cuda_check("off"):
             pass
+
+
+def test_broadcast_shape_matches_torch():
+    """lossfuse's eager broadcast of plain shapes (_args._plain_broadcast) gives torch.broadcast_shapes's result, or
+    an error where torch raises one, over random shapes of 0 to 4 dims with sizes 0, 1, 2 and 3."""
+    from lossfuse._args import broadcast_shape
+    rng = random.Random(5)
+    for _ in range(3000):
+        shapes = [tuple(rng.choice((0, 1, 1, 2, 3)) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 3))]
+        try:
+            want = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            want = None
+        operands = {f"op{i}": s for i, s in enumerate(shapes)}
+        if want is None:
+            with pytest.raises(RuntimeError, match="do not broadcast to one shape"):
+                broadcast_shape("f", **operands)
+        else:
+            got = broadcast_shape("f", **operands)
+            assert got == want and isinstance(got, torch.Size), shapes
