@@ -1,8 +1,10 @@
 // lossfuse: the command line. Parses arguments and dispatches to a subcommand.
 //
 //   lossfuse bench [options]   times the loss kernels registered under bench/ (one <loss>_bench.cpp each)
-//                              against this machine's measured bandwidth and a scalar baseline; with --device cuda,
-//                              runs the CUDA bench (bench/cuda/cuda_bench.cu, lossfuse_cuda_bench beside this one).
+//                              against this machine's measured bandwidth and a scalar baseline, then (where the
+//                              source tree's .venv exists) the same rows against torch (python/bench/vs_torch.py);
+//                              with --device cuda, runs the CUDA bench (bench/cuda/cuda_bench.cu, lossfuse_cuda_bench
+//                              beside this one).
 //   lossfuse bench-torch [options]
 //                              runs python/bench/torch_bench.py (lossfuse's cross_entropy against PyTorch's,
 //                              eager and compiled) with the source tree's .venv/bin/python, forwarding the options.
@@ -22,6 +24,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -130,6 +133,8 @@ void print_bench_usage(std::ostream& os) {
         "  --quick          only the small shapes, with a shorter min time (a smoke test)\n"
         "  --no-baseline    run the scalar baseline once for the check, but do not time it\n"
         "  --csv PATH       also write the rows as CSV\n"
+        "  --no-torch       leave out the comparison with torch that follows the table (run where the source\n"
+        "                   tree's .venv exists: scripts/setup_python.sh; python/bench/vs_torch.py)\n"
         "  --device D       cpu (default), or cuda: the CUDA bench on GPU 0 (every loss's kernels against the\n"
         "                   device's read and copy probes, the fused linear loss against its cuBLAS GEMMs);\n"
         "                   takes only --csv; in a build with the CUDA backend\n"
@@ -148,9 +153,10 @@ void print_bench_usage(std::ostream& os) {
         "exit status: 0 ok, 1 a correctness check failed or a kernel threw, 2 bad usage\n";
 }
 
-// device: --device's value; cpu_options: whether an option the CPU bench alone takes was given.
+// device: --device's value; cpu_options: whether an option the CPU bench alone takes was given; torch: no
+// --no-torch.
 lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help, std::string& device,
-                             bool& cpu_options) {
+                             bool& cpu_options, bool& torch) {
   lb::Options o;
   std::optional<double> min_time;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -190,6 +196,9 @@ lb::Options parse_bench_args(std::span<const std::string_view> args, bool& help,
     } else if (flag == "--no-baseline") {
       no_value();
       o.baseline = false;
+    } else if (flag == "--no-torch") {
+      no_value();
+      torch = false;
     } else if (flag == "--loss") {
       for (std::string_view name : split(value(), ',')) {
         if (name.empty()) {
@@ -276,12 +285,60 @@ int cuda_bench(const std::string& csv_path) {
   return exec_replacing("bench", std::move(argv));
 }
 
+// The Python the bench scripts run with: $LOSSFUSE_PYTHON when set (*from_env), else the source tree's
+// .venv/bin/python (made by scripts/setup_python.sh).
+std::string script_python(bool* from_env = nullptr) {
+  const char* python_env = std::getenv("LOSSFUSE_PYTHON");
+  const bool env = python_env != nullptr && *python_env != '\0';
+  if (from_env != nullptr) {
+    *from_env = env;
+  }
+  return env ? std::string(python_env) : std::string(LOSSFUSE_SOURCE_DIR) + "/.venv/bin/python";
+}
+
+// After the table: its rows (options.csv_path) timed again against torch by python/bench/vs_torch.py, which
+// replaces this process; a note instead where there is no Python environment. remove_rows: the CSV is a
+// temporary file.
+int compare_with_torch(const lb::Options& options, bool remove_rows) {
+  const std::string python = script_python();
+  if (access(python.c_str(), X_OK) != 0) {
+    std::cout << "\nlossfuse vs torch: skipped (no Python environment at " << python
+              << "; scripts/setup_python.sh makes one)\n";
+    if (remove_rows) {
+      std::remove(options.csv_path.c_str());
+    }
+    return 0;
+  }
+  const int threads = options.threads > 0 ? options.threads : lossfuse::get_num_threads();
+  std::vector<std::string> argv{python, std::string(LOSSFUSE_SOURCE_DIR) + "/python/bench/vs_torch.py",
+                                options.csv_path, "--threads", std::to_string(threads)};
+  if (options.quick) {
+    argv.emplace_back("--quick");
+  }
+  if (remove_rows) {
+    argv.emplace_back("--remove-rows");
+  }
+  return exec_replacing("bench", std::move(argv));
+}
+
+// A temporary file for the rows when no --csv was given; empty when none can be made.
+std::string temporary_rows_file() {
+  const char* dir = std::getenv("TMPDIR");
+  std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/lossfuse-bench-XXXXXX.csv";
+  const int fd = mkstemps(path.data(), 4);
+  if (fd < 0) {
+    return {};
+  }
+  close(fd);
+  return path;
+}
+
 int bench_command(std::span<const std::string_view> args) {
-  bool help = false, cpu_options = false;
+  bool help = false, cpu_options = false, torch = true;
   std::string device = "cpu";
   lb::Options options;
   try {
-    options = parse_bench_args(args, help, device, cpu_options);
+    options = parse_bench_args(args, help, device, cpu_options, torch);
     if (device == "cuda" && cpu_options && !help) {
       throw UsageError{"--device cuda takes only --csv (the CUDA bench runs its fixed shapes)"};
     }
@@ -293,7 +350,22 @@ int bench_command(std::span<const std::string_view> args) {
     print_bench_usage(std::cout);
     return 0;
   }
-  return device == "cuda" ? cuda_bench(options.csv_path) : lb::run_bench(options);
+  if (device == "cuda") {
+    return cuda_bench(options.csv_path);
+  }
+  const bool temporary = torch && options.csv_path.empty();
+  if (temporary) {
+    options.csv_path = temporary_rows_file();
+    torch = !options.csv_path.empty();
+  }
+  const int status = lb::run_bench(options);
+  if (status != 0 || !torch) {
+    if (temporary && !options.csv_path.empty()) {
+      std::remove(options.csv_path.c_str());
+    }
+    return status;
+  }
+  return compare_with_torch(options, temporary);
 }
 
 // bench-torch, bench-linear: replace this process with `<python> <source>/python/bench/<script> args...`, so the
@@ -302,9 +374,8 @@ int bench_command(std::span<const std::string_view> args) {
 int run_python_script(std::string_view command, std::string_view script_name, std::span<const std::string_view> args) {
   const std::string source_dir = LOSSFUSE_SOURCE_DIR;
   const std::string script = source_dir + "/python/bench/" + std::string(script_name);
-  const char* python_env = std::getenv("LOSSFUSE_PYTHON");
-  const bool from_env = python_env != nullptr && *python_env != '\0';
-  const std::string python = from_env ? std::string(python_env) : source_dir + "/.venv/bin/python";
+  bool from_env = false;
+  const std::string python = script_python(&from_env);
   if (access(python.c_str(), X_OK) != 0) {
     if (from_env) {
       std::cerr << "lossfuse " << command << ": LOSSFUSE_PYTHON=" << python << " is not an executable\n";

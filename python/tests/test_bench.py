@@ -66,3 +66,29 @@ def test_plot_makes_charts_and_the_leaderboard_from_each_bench_csv(tmp_path):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit, match="other.csv: expected the CSV of lossfuse bench"):
         plot.main([str(tmp_path / "other.csv")])
+
+
+def test_vs_torch_times_the_bench_rows_against_torch(tmp_path):
+    """python/bench/vs_torch.py (run by `lossfuse bench` after its table) on rows in the C++ bench's CSV format: each
+    forward and fwd+bwd row that passed its check is timed through torch and lossfuse (a backward row and a failed
+    one are left out), and its CSV carries both times, their ratio and the C++ time."""
+    header = "loss,shape,dtype,direction,median_ms,gbps,probe_gbps,pct_of_probe,baseline_ms,speedup,reps,baseline_reps,"
+    rows = tmp_path / "rows.csv"
+    rows.write_text(header + "check,note\n" + "\n".join([
+        "cross_entropy,8x300,f32,fwd+bwd,0.01,1,1,1,,,3,,ok,", "mse,1000,bf16,forward,0.002,1,1,1,,,3,,ok,",
+        "mse,1000,bf16,backward,0.002,1,1,1,,,3,,ok,", "multilabel_margin,4x16,f32,fwd+bwd,0.003,1,1,1,,,3,,ok,",
+        "ctc,20x3x6x5,f32,forward,0.004,1,1,1,,,3,,ok,", "l1,1000,f32,forward,0.002,1,1,1,,,3,,FAIL,"]) + "\n")
+    out = tmp_path / "out.csv"
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "vs_torch.py")
+    p = subprocess.run([sys.executable, script, str(rows), "--threads", "1", "--quick", "--csv", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = [line.split(",") for line in out.read_text().splitlines()]
+    assert got[0] == ["loss", "shape", "dtype", "direction", "torch_ms", "lossfuse_ms", "speedup", "cpp_ms"]
+    assert [r[:4] for r in got[1:]] == [["cross_entropy", "8x300", "f32", "fwd+bwd"], ["mse", "1000", "bf16", "forward"],
+                                         ["multilabel_margin", "4x16", "f32", "fwd+bwd"],
+                                         ["ctc", "20x3x6x5", "f32", "forward"]], p.stdout
+    for r in got[1:]:
+        torch_ms, ours_ms, ratio = float(r[4]), float(r[5]), float(r[6])
+        assert torch_ms > 0 and ours_ms > 0 and abs(ratio - torch_ms / ours_ms) <= 0.05 * ratio + 0.05, r
+    assert "lossfuse faster on" in p.stdout
