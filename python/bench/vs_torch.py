@@ -64,6 +64,8 @@ def inputs(torch, loss, shape, dtype):
             labels[:, :8] = torch.randint(0, d, (n, 8), generator=g)
             return [x.to(dtype)], [labels], {}
         return [x.to(dtype)], [(normal(n, d) >= 0).to(dtype)], {}
+    if len(shape) != 1:
+        return None
     (n,) = shape
     x, y, z = normal(n), normal(n), normal(n)
     sign = lambda v: torch.where(v >= 0, 1.0, -1.0)  # noqa: E731
