@@ -132,8 +132,8 @@ def linear_rows():
         torch.cuda.reset_peak_memory_stats()
         ms = do_bench(step, warmup=5, rep=100, return_mode="median")
         peak = torch.cuda.max_memory_allocated()
-        rows.append(["linear_cross_entropy", n, v, "bf16", f"{mode}_H{h}_peak{peak >> 20}MiB", f"{ms * 1e3:.1f}", "", "",
-                     ""])
+        rows.append(["linear_cross_entropy", n, v, "bf16", f"{mode}_H{h}_peak{peak >> 20}MiB", f"{ms * 1e3:.1f}",
+                     "", "", ""])
         print(",".join(map(str, rows[-1])), flush=True)
     return rows
 

@@ -60,8 +60,8 @@ def patch_torch():
 
     torch.nn's loss modules call torch.nn.functional at run time, so they follow. Calling it twice is harmless.
     Calls lossfuse cannot serve stay with torch's own function: tensors on a device lossfuse has no kernels of that
-    loss for (devices() lists those it has: the CPU, and CUDA in a build with the CUDA route) and tensor subclasses (DTensor, torch.fx's tracing proxies, subclasses overriding
-    __torch_function__). Under a torch function mode, torch's function hands the call to the mode, as torch does, and
+    loss for (devices() lists those it has: the CPU, and CUDA in a build with the CUDA route) and tensor subclasses
+    (DTensor, torch.fx's tracing proxies, subclasses overriding __torch_function__). Under a torch function mode, torch's function hands the call to the mode, as torch does, and
     the mode's own call runs lossfuse.
     torch.jit.script of code calling a patched function fails (TorchScript cannot compile it): script before
     patching, or after unpatch_torch().

@@ -738,7 +738,8 @@ def test_broadcast_shape_matches_torch():
     from lossfuse._args import broadcast_shape
     rng = random.Random(5)
     for _ in range(3000):
-        shapes = [tuple(rng.choice((0, 1, 1, 2, 3)) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 3))]
+        shapes = [tuple(rng.choice((0, 1, 1, 2, 3)) for _ in range(rng.randint(0, 4)))
+                  for _ in range(rng.randint(1, 3))]
         try:
             want = torch.broadcast_shapes(*shapes)
         except RuntimeError:

@@ -85,7 +85,8 @@ def test_vs_torch_times_the_bench_rows_against_torch(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     got = [line.split(",") for line in out.read_text().splitlines()]
     assert got[0] == ["loss", "shape", "dtype", "direction", "torch_ms", "lossfuse_ms", "speedup", "cpp_ms"]
-    assert [r[:4] for r in got[1:]] == [["cross_entropy", "8x300", "f32", "fwd+bwd"], ["mse", "1000", "bf16", "forward"],
+    assert [r[:4] for r in got[1:]] == [["cross_entropy", "8x300", "f32", "fwd+bwd"],
+                                         ["mse", "1000", "bf16", "forward"],
                                          ["multilabel_margin", "4x16", "f32", "fwd+bwd"],
                                          ["ctc", "20x3x6x5", "f32", "forward"]], p.stdout
     for r in got[1:]:

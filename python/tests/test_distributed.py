@@ -1,11 +1,11 @@
 """lossfuse.distributed's vocab-parallel losses against torch's cross_entropy on the whole vocabulary.
 
-Each test starts its ranks as separate processes (gloo over a file in a temporary directory: nothing leaves the
-machine; the CUDA tests: gloo with CUDA tensors, and NCCL, one rank per GPU). Every rank builds the same full logits from a fixed seed, takes its slice of the classes, and checks its
-own loss and its own slice of the gradient against torch on the full logits (float64 reference; for 16-bit inputs
-our error must be no larger than torch's own on the same inputs), so a wrong value anywhere fails on the rank that
-holds it. A worker that fails exits non-zero with its traceback; the test reports it. Ranks run with a timeout, so a
-collective left waiting fails the test instead of hanging it.
+Each test starts its ranks as separate processes (gloo over a file in a temporary directory: nothing leaves the machine;
+the CUDA tests: gloo with CUDA tensors, and NCCL, one rank per GPU). Every rank builds the same full logits from a fixed
+seed, takes its slice of the classes, and checks its own loss and its own slice of the gradient against torch on the
+full logits (float64 reference; for 16-bit inputs our error must be no larger than torch's own on the same inputs), so a
+wrong value anywhere fails on the rank that holds it. A worker that fails exits non-zero with its traceback; the test
+reports it. Ranks run with a timeout, so a collective left waiting fails the test instead of hanging it.
 """
 
 import math
