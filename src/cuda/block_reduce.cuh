@@ -6,8 +6,8 @@
 
 namespace lossfuse::cuda {
 
-// op over the kThreads values of a block of kThreads threads (a power of two), in a fixed tree; every thread gets
-// the result.
+// op over the values of a block of at most kThreads threads (a power of two), in a fixed tree (a function of
+// blockDim.x); every thread gets the result.
 template <int kThreads, class V, class Op>
 __device__ V block_reduce(V v, Op op) {
   static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
@@ -15,7 +15,8 @@ __device__ V block_reduce(V v, Op op) {
   buf[threadIdx.x] = v;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + w]);
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < w && t + w < static_cast<int>(blockDim.x)) buf[t] = op(buf[t], buf[t + w]);
     __syncthreads();
   }
   const V r = buf[0];
@@ -30,12 +31,12 @@ struct Plus {
   }
 };
 
-// The sum of v[0, n) over a block of kThreads threads in a fixed order (each thread its strided share in order, then
-// the block's tree); every thread gets it. The reductions of every device call's loss go through it.
+// The sum of v[0, n) over a block of at most kThreads threads in a fixed order (each thread its strided share in
+// order, then the block's tree); every thread gets it. The reductions of every device call's loss go through it.
 template <int kThreads>
 __device__ double ordered_sum(const double* v, std::int64_t n) {
   double s = 0;
-  for (std::int64_t i = threadIdx.x; i < n; i += kThreads) s += v[i];
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
   return block_reduce<kThreads>(s, Plus{});
 }
 

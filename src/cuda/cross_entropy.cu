@@ -270,7 +270,7 @@ __device__ Part<Acc> block_combine(Part<Acc> p) {
 struct CeScan {
   unsigned long long bad;   // rows - (the first bad target's row); 0: none (atomicMax keeps the first)
   unsigned done;            // scan blocks finished
-  unsigned reduce_done;     // reduce_rows_kernel's blocks finished
+  unsigned reduce_done;     // reduce_rows_kernel's blocks finished, or ce_rows_kernel's with a folded reduction
   double denominator;       // 'mean': sum of target weights (rows for probability targets)
   double loss_denominator;  // the loss's and its gradient's (core::split_mean_denominator)
   double grad_scale;        // mean / sum: the upstream scalar, over loss_denominator for mean
@@ -388,6 +388,12 @@ struct CeKernelArgs {
   const CeScan* scan;  // a device call's record (grad_scale, sum_w from it), or nullptr
   bool skip_bad;       // with scan: a bad target makes the kernel write nothing
   const void* held_scalar = nullptr;  // CeDeviceCall::held: the upstream scalar (Acc); its value 1 writes nothing
+  // A folded reduction (CeDeviceRows::rows_reduced): the block finishing last sums row_loss / row_zloss into these,
+  // as reduce_rows_kernel would, counting on scan's reduce_done; nullptr both: none.
+  math::AccOf<T>* loss = nullptr;
+  math::AccOf<T>* z_loss = nullptr;
+  unsigned* reduce_done = nullptr;
+  bool mean = false;
 };
 
 // kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
@@ -585,6 +591,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
       map_row(x, p.x_cstride, g, p.g_cstride, C, value);
     }
   }
+  if (a.reduce_done == nullptr || !last_block_done(a.reduce_done)) return;
+  const double l = ordered_sum<kMaxRowThreads>(a.row_loss, p.rows);
+  const double z = a.row_zloss != nullptr ? ordered_sum<kMaxRowThreads>(a.row_zloss, p.rows) : 0.0;
+  if (threadIdx.x != 0) return;
+  // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
+  if (a.loss != nullptr) *a.loss = static_cast<Acc>(a.mean ? l / a.scan->loss_denominator : l);
+  if (a.z_loss != nullptr) *a.z_loss = static_cast<Acc>(a.mean ? z / a.scan->denominator : z);
 }
 
 // ---- NLL ------------------------------------------------------------------------------------------------------
@@ -676,6 +689,10 @@ int row_threads(int64_t classes) {
 
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
+// Up to this many rows a reduced call sums its rows' losses in the row kernel's last block (one launch fewer; the
+// last block reads 8 bytes a row, 512 KiB at most); beyond, reduce_rows_kernel spreads the sum over the scan's grid.
+constexpr int64_t kFoldRows = 65536;
+
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 // The call's device operands, the logits (named `first`) first.
@@ -715,6 +732,11 @@ class DeviceSteps {
   }
   [[nodiscard]] const Acc* weights() const noexcept { return weights_.get(); }
   [[nodiscard]] const CeScan* scan() const noexcept { return scan_.get(); }
+  [[nodiscard]] unsigned* reduce_done() const noexcept { return &scan_.get()->reduce_done; }
+  [[nodiscard]] bool reduced() const noexcept { return call_.loss != nullptr || call_.z_loss != nullptr; }
+  [[nodiscard]] bool mean() const noexcept { return call_.reduction == Reduction::mean; }
+  [[nodiscard]] void* loss() const noexcept { return call_.loss; }
+  [[nodiscard]] void* z_loss() const noexcept { return call_.z_loss; }
   [[nodiscard]] bool skip_bad() const noexcept { return !no_read_back_; }
 
   // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them.
@@ -851,16 +873,32 @@ struct CeDeviceRows::Impl {
 CeDeviceRows::CeDeviceRows(const CeParams& whole) : impl_(std::make_unique<Impl>(whole)) {}
 CeDeviceRows::~CeDeviceRows() = default;
 
-void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) {
+void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) { launch_rows(chunk, r0, false); }
+
+void CeDeviceRows::rows_reduced() {
+  const CeParams& p = impl_->whole;
+  if (p.rows > 0 && p.rows <= kFoldRows) return launch_rows(p, 0, true);
+  rows(p, 0);
+  reduce();
+}
+
+void CeDeviceRows::launch_rows(const CeParams& chunk, int64_t r0, bool fold) {
   if (chunk.rows == 0) return;
   visit(chunk.dtype, [&](auto tag) {
     using T = decltype(tag);
-    DeviceSteps<math::AccOf<T>>& steps = impl_->steps<math::AccOf<T>>();
+    using Acc = math::AccOf<T>;
+    DeviceSteps<Acc>& steps = impl_->steps<Acc>();
     double* rl = impl_->reduced ? impl_->row_loss.get() + r0 : nullptr;
     CeKernelArgs<T> a{chunk, steps.weights(), rl, rl != nullptr ? rl + impl_->whole.rows : nullptr,
                       steps.scan(), steps.skip_bad()};
     const core::CeDeviceCall& call = *impl_->whole.device_call;
     if (call.held) a.held_scalar = call.grad_scalar;
+    if (fold && impl_->reduced) {
+      a.loss = static_cast<Acc*>(steps.loss());
+      a.z_loss = static_cast<Acc*>(steps.z_loss());
+      a.reduce_done = steps.reduce_done();
+      a.mean = steps.mean();
+    }
     a.p.device_call = nullptr;
     const int threads = row_threads(chunk.classes);
     launch_ce<T>(chunk.soft, chunk.softcap > 0, chunk.eps != 0.0, keeps_row<T>(chunk, threads), row_grid(chunk.rows),
@@ -895,8 +933,7 @@ void cross_entropy_rows(const CeParams& p) {
   if (p.rows == 0 && !reduced) return;
   const DeviceScope scope(operands(p, "logits"));
   CeDeviceRows call(p);
-  call.rows(p, 0);
-  call.reduce();
+  call.rows_reduced();
   call.check();
 }
 

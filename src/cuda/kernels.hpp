@@ -33,9 +33,12 @@ class CeDeviceRows {
   CeDeviceRows& operator=(const CeDeviceRows&) = delete;
   void rows(const core::CeParams& chunk, std::int64_t r0);
   void reduce();
+  // rows() over the whole call then reduce(), in one launch up to 65536 rows (the row kernel's last block sums).
+  void rows_reduced();
   bool check();
 
  private:
+  void launch_rows(const core::CeParams& chunk, std::int64_t r0, bool fold);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
