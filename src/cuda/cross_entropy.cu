@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
   }
   if (a.reduce_done == nullptr || !last_block_done(a.reduce_done)) return;
   const double l = ordered_sum<kMaxRowThreads>(a.row_loss, p.rows);
-  const double z = a.row_zloss != nullptr ? ordered_sum<kMaxRowThreads>(a.row_zloss, p.rows) : 0.0;
+  const double z = a.z_loss != nullptr ? ordered_sum<kMaxRowThreads>(a.row_zloss, p.rows) : 0.0;
   if (threadIdx.x != 0) return;
   // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
   if (a.loss != nullptr) *a.loss = static_cast<Acc>(a.mean ? l / a.scan->loss_denominator : l);
@@ -689,9 +689,10 @@ int row_threads(int64_t classes) {
 
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
-// Up to this many rows a reduced call sums its rows' losses in the row kernel's last block (one launch fewer; the
-// last block reads 8 bytes a row, 512 KiB at most); beyond, reduce_rows_kernel spreads the sum over the scan's grid.
-constexpr int64_t kFoldRows = 65536;
+// Up to this many rows per row-block thread a reduced call sums its rows' losses in the row kernel's last block (one
+// launch fewer; at most 32 loads a thread, as reduce_rows_kernel's 8192 rows over 256 threads); beyond,
+// reduce_rows_kernel spreads the sum over the scan's grid.
+constexpr int64_t kFoldRowsPerThread = 32;
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
@@ -877,7 +878,7 @@ void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) { launch_rows(chunk, 
 
 void CeDeviceRows::rows_reduced() {
   const CeParams& p = impl_->whole;
-  if (p.rows > 0 && p.rows <= kFoldRows) return launch_rows(p, 0, true);
+  if (p.rows > 0 && p.rows <= kFoldRowsPerThread * row_threads(p.classes)) return launch_rows(p, 0, true);
   rows(p, 0);
   reduce();
 }

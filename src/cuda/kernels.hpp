@@ -33,7 +33,7 @@ class CeDeviceRows {
   CeDeviceRows& operator=(const CeDeviceRows&) = delete;
   void rows(const core::CeParams& chunk, std::int64_t r0);
   void reduce();
-  // rows() over the whole call then reduce(), in one launch up to 65536 rows (the row kernel's last block sums).
+  // rows() over the whole call then reduce(): one launch up to 32 rows per row-block thread (the last block sums).
   void rows_reduced();
   bool check();
 

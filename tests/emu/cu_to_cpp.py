@@ -62,7 +62,9 @@ def convert(s):
         inner = s[args + 1:args_end - 1]
         sep = ", " if inner.strip() else ""
         out.append(s[pos:start])
+        dropped = s[start:cfg].count("\n") + s[cfg_end + 3:args].count("\n")  # kept, so line numbers stay
         out.append(f"::lfemu::Launch({s[cfg + 3:cfg_end]})([](auto... lfemu_p) {{ {kernel}(lfemu_p...); }}{sep}{inner})")
+        out.append("\n" * dropped)
         pos = args_end
     out.append(s[pos:])
     s = "".join(out)

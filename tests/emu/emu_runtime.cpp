@@ -35,13 +35,23 @@ struct CUstream_st {
   CUgraph_st* graph = nullptr;
 };
 
+// Allocations made or freed under a capture: kept until the graph and every exec made from it are gone.
+struct GraphMemory {
+  std::vector<void*> ptrs;
+  GraphMemory() = default;
+  GraphMemory(const GraphMemory&) = delete;
+  GraphMemory& operator=(const GraphMemory&) = delete;
+  ~GraphMemory();
+};
+
 struct CUgraph_st {
   std::vector<std::function<void()>> nodes;
-  std::vector<void*> owned;  // allocations made or freed under the capture: kept until the graph goes
+  std::shared_ptr<GraphMemory> memory = std::make_shared<GraphMemory>();
 };
 
 struct CUgraphExec_st {
   std::vector<std::function<void()>> nodes;
+  std::shared_ptr<GraphMemory> memory;
 };
 
 struct CUmemPool_st {
@@ -94,7 +104,9 @@ std::map<std::uintptr_t, Allocation> allocations;  // by user pointer; under mu
 
 std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
-char* user_of(const Allocation& a) { return a.host ? a.map : a.map + a.mapped - kPage - round_up(a.bytes, kAlign); }
+char* user_of(const Allocation& a) {
+  return a.host ? a.map : a.map + a.mapped - kPage - round_up(std::max<std::size_t>(a.bytes, 1), kAlign);
+}
 
 void* allocate(std::size_t bytes, bool host) {
   if (host) {
@@ -116,7 +128,7 @@ void* allocate(std::size_t bytes, bool host) {
   char* p = user_of(a);
   std::memset(map + kPage, kSlack, static_cast<std::size_t>(p - map - kPage));
   std::memset(p, kFresh, bytes);
-  std::memset(p + bytes, kSlack, user - bytes);
+  std::memset(p + bytes, kSlack, static_cast<std::size_t>(map + mapped - kPage - p) - bytes);
   const std::lock_guard<std::mutex> lock(mu);
   allocations[reinterpret_cast<std::uintptr_t>(p)] = a;
   return p;
@@ -148,19 +160,21 @@ cudaError_t check_slack(const char* after) {
   return cudaSuccess;
 }
 
-// The allocation holding [p, p + bytes) (nullptr: none holds it whole).
-const Allocation* find(const void* p, std::size_t bytes) {
+// The allocation holding [p, p + bytes) (nullptr: none holds it whole): within its bytes, or with `slack` within
+// its 256-byte rounding too (the pointer attributes' extent, as the device's).
+const Allocation* find(const void* p, std::size_t bytes, bool slack = false) {
   const auto u = reinterpret_cast<std::uintptr_t>(p);
   auto it = allocations.upper_bound(u);
   if (it == allocations.begin()) return nullptr;
   --it;
   const Allocation& a = it->second;
-  const std::uintptr_t end = it->first + (a.host ? a.bytes : round_up(std::max<std::size_t>(a.bytes, 1), kAlign));
+  const std::uintptr_t end = it->first + (a.host || !slack ? a.bytes : round_up(std::max<std::size_t>(a.bytes, 1), kAlign));
   return u + bytes <= end && u >= it->first ? &a : nullptr;
 }
 
 cudaError_t release(void* p, bool host) {
   if (p == nullptr) return cudaSuccess;
+  const std::lock_guard<std::recursive_mutex> launch(launch_mu);  // not while a launch's race check restores memory
   Allocation a{};
   {
     const std::lock_guard<std::mutex> lock(mu);
@@ -410,7 +424,14 @@ bool run_block(Block& b, unsigned n) {
       unsigned mask = 0;
       for (unsigned l = 0; l < 32 && w * 32 + l < n; ++l) {
         const Fiber& f = b.fibers[w * 32 + l];
-        if (f.state == State::at_warp) waiting = true, mask = f.mask;
+        if (f.state != State::at_warp) continue;
+        if (waiting && f.mask != mask) {
+          fail("lanes of warp " + std::to_string(w) + " in " + describe_block() +
+               " shuffle under different masks (the emulator takes one mask a warp)");
+          kernel_error = cudaErrorLaunchFailure;
+          return false;
+        }
+        waiting = true, mask = f.mask;
       }
       if (!waiting) continue;
       for (unsigned l = 0; l < 32; ++l) {
@@ -466,8 +487,8 @@ void restore(const Snapshot& v) {
   for (const auto& [p, bytes] : v) std::memcpy(reinterpret_cast<char*>(p), bytes.data(), bytes.size());
 }
 
-// LFEMU_RACECHECK=1 (ctest sets it): each launch runs twice from the same device memory, the second time with its
-// blocks in reverse order and its threads in another order; any byte of device memory that differs between the two
+// LFEMU_RACECHECK=1 (ctest sets it): each launch runs twice from the same device memory, first with its blocks in
+// reverse order and its threads in another order, then as usual (whose memory stays); any byte of device memory that differs between the two
 // is a race (a missing __syncthreads, a block reading another's output): this project's kernels have no
 // floating-point atomics, so their results never depend on the order.
 bool racecheck() {
@@ -483,9 +504,11 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   static Block b;
   const unsigned n = blk.x * blk.y * blk.z;
   while (b.stacks.size() < n) {
-    void* s = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // a guard page below each stack: an overflow faults instead of running into the next fiber's
+    void* s = mmap(nullptr, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (s == MAP_FAILED) std::abort();
-    b.stacks.push_back(static_cast<char*>(s));
+    mprotect(s, kPage, PROT_NONE);
+    b.stacks.push_back(static_cast<char*>(s) + kPage);
   }
   b.task = task;
   b.dynamic.assign(smem + 16, kFresh);
@@ -566,6 +589,10 @@ void Launch::submit(Task* task) const {
 
 using namespace lfemu;
 
+GraphMemory::~GraphMemory() {
+  for (void* p : ptrs) (void)release(p, false);
+}
+
 // ---- the runtime API ---------------------------------------------------------------------------------------------
 
 const char* cudaGetErrorName(cudaError_t e) {
@@ -640,7 +667,7 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   const std::lock_guard<std::mutex> lock(mu);
   *a = {cudaMemoryTypeUnregistered, -1, nullptr, nullptr};
-  if (const Allocation* al = find(p, 0); al != nullptr) {
+  if (const Allocation* al = find(p, 0, true); al != nullptr) {
     a->type = al->host ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
     a->device = al->device;
     a->devicePointer = al->host ? nullptr : const_cast<void*>(p);
@@ -666,6 +693,7 @@ bool pinned(const void* p, std::size_t bytes) {
 
 cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t s, bool async) {
   if (bytes == 0) return cudaSuccess;
+  const std::lock_guard<std::recursive_mutex> launch(launch_mu);  // not while a launch's race check restores memory
   const bool dst_dev = in_device(dst, bytes), src_dev = in_device(src, bytes);
   bool ok = true;
   switch (kind) {
@@ -695,6 +723,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
 
 cudaError_t set(void* p, int value, std::size_t bytes, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
+  const std::lock_guard<std::recursive_mutex> launch(launch_mu);
   if (!in_device(p, bytes)) {
     fail("a memset of " + std::to_string(bytes) + " bytes outside one device allocation");
     return note(cudaErrorInvalidValue);
@@ -768,7 +797,6 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   CUgraph_st* g = s->graph;
   s->graph = nullptr;
   if (s->invalidated) {
-    for (void* p : g->owned) (void)release(p, false);
     delete g;
     *graph = nullptr;
     return note(cudaErrorStreamCaptureInvalidated);
@@ -786,7 +814,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (graph == nullptr) return note(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{graph->nodes};
+  *exec = new CUgraphExec_st{graph->nodes, graph->memory};
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
@@ -803,7 +831,6 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   if (graph == nullptr) return note(cudaErrorInvalidValue);
-  for (void* p : graph->owned) (void)release(p, false);
   delete graph;
   return cudaSuccess;
 }
@@ -818,7 +845,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 cudaError_t cudaMallocFromPoolAsync(void** p, std::size_t bytes, cudaMemPool_t, cudaStream_t s) {
   *p = allocate(bytes, false);
   if (*p == nullptr) return note(cudaErrorMemoryAllocation);
-  if (of(s)->capturing) of(s)->graph->owned.push_back(*p);  // the graph's until it goes
+  if (of(s)->capturing) of(s)->graph->memory->ptrs.push_back(*p);  // the graph's until it goes
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t s) {
@@ -827,7 +854,7 @@ cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t s) {
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   CUstream_st* st = of(s);
   if (st->capturing) {
-    auto& owned = st->graph->owned;
+    auto& owned = st->graph->memory->ptrs;
     if (std::find(owned.begin(), owned.end(), p) == owned.end()) owned.push_back(p);
     return cudaSuccess;  // freed with the graph: a replay still uses it
   }
