@@ -5,8 +5,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <tuple>
 
 #include "core/backend.hpp"
 #include "cuda/kernels.hpp"
@@ -14,15 +19,25 @@
 
 namespace lossfuse::cuda {
 
-cudaMemPool_t scratch_pool() {
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static cudaMemPool_t pools[kMaxDevices] = {};
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+int current_device() {
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   if (dev < 0 || dev >= kMaxDevices) {
     throw Error(ErrorCode::device_error, "device", "a CUDA device index below 64", std::to_string(dev));
   }
+  return dev;
+}
+
+}  // namespace
+
+cudaMemPool_t scratch_pool() {
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  const int dev = current_device();
   const std::lock_guard<std::mutex> lock(mu);
   if (pools[dev] == nullptr) {
     const RelaxedCapture relaxed;  // the first call may come during a stream capture (a CUDA graph)
@@ -37,6 +52,44 @@ cudaMemPool_t scratch_pool() {
     pools[dev] = pool;
   }
   return pools[dev];
+}
+
+int multiprocessors() {
+  static std::mutex mu;
+  static int counts[kMaxDevices] = {};
+  const int dev = current_device();
+  const std::lock_guard<std::mutex> lock(mu);
+  if (counts[dev] == 0) {
+    check(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  }
+  return counts[dev];
+}
+
+unsigned* stream_counter() {
+  static std::mutex mu;
+  // (device, stream ID, thread for the per-thread default stream, whose handle every thread shares)
+  static std::map<std::tuple<int, unsigned long long, std::thread::id>, unsigned*> counters;
+  const int dev = current_device();
+  unsigned long long id = 0;
+  check(cudaStreamGetId(stream(), &id), "cudaStreamGetId");
+  const std::thread::id thread = stream() == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{};
+  const std::lock_guard<std::mutex> lock(mu);
+  unsigned*& c = counters[{dev, id, thread}];
+  if (c == nullptr) {  // kept for the process (4 bytes a stream)
+    void* p = nullptr;
+    check(cudaMallocFromPoolAsync(&p, sizeof(unsigned), scratch_pool(), stream()), "cudaMallocFromPoolAsync (counter)");
+    check(cudaMemsetAsync(p, 0, sizeof(unsigned), stream()), "cudaMemsetAsync (counter)");
+    c = static_cast<unsigned*>(p);
+  }
+  return c;
+}
+
+bool small_batch_path() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOSSFUSE_CUDA_SMALL_BATCH");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
 }
 
 void* read_back_buffer() {

@@ -9,13 +9,15 @@
 // integer dtype, and a target the kernel finds out of range makes its row NaN, never an out-of-bounds read.
 // One road, the device call (CeParams::device_call, CeDeviceRows): the targets are scanned and the loss reduced on
 // the device (ce_scan_kernel, reduce_rows_kernel: fixed trees, the same bits on every run, not the CPU's summation
-// order), for core's calls in one launch of the row kernel and for the fused linear runner's chunks in several.
+// order), for core's calls in one launch of the row kernel and for the fused linear runner's chunks in several. A
+// small eager batch (kInlineScanRows) scans inside the row kernel: one launch, no memset (tests/emu/launch_count_test).
 // Accumulation in float32 (float64 for float64 logits); exp is the hardware's (__expf, a few ulp relative error at
 // the arguments <= 0 used here).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -199,9 +201,10 @@ struct KeptRow {
   }
 };
 
-// Threads per row at most, and vectors per thread a fused row keeps: 16 x 16 bytes (64 registers), rows up to
-// 64 KiB at 256 threads.
+// Threads per row at most (a small batch's rows up to kMaxWideThreads: ce_threads), and vectors per thread a fused row
+// keeps: 16 x 16 bytes (64 registers), rows up to 64 KiB at 256 threads.
 constexpr int kMaxRowThreads = 256;
+constexpr int kMaxWideThreads = 1024;
 constexpr int kKeepVectors = 16;
 
 // ---- block reduction ------------------------------------------------------------------------------------------
@@ -237,29 +240,11 @@ __device__ __forceinline__ Part<Acc> combine(Part<Acc> a, Part<Acc> b) {
   return {l.m, l.s, a.wz + b.wz, a.wp + b.wp, a.wpz + b.wpz, a.sw + b.sw, a.bad | b.bad};
 }
 
+// The block's combined Part, returned to every thread (combine is commutative bit for bit). The combining order
+// depends on the block size alone.
 template <class Acc>
-__device__ __forceinline__ Part<Acc> shfl_xor(const Part<Acc>& p, int lane_mask) {
-  return {__shfl_xor_sync(0xffffffffu, p.m, lane_mask),   __shfl_xor_sync(0xffffffffu, p.s, lane_mask),
-          __shfl_xor_sync(0xffffffffu, p.wz, lane_mask),  __shfl_xor_sync(0xffffffffu, p.wp, lane_mask),
-          __shfl_xor_sync(0xffffffffu, p.wpz, lane_mask), __shfl_xor_sync(0xffffffffu, p.sw, lane_mask),
-          __shfl_xor_sync(0xffffffffu, p.bad, lane_mask)};
-}
-
-constexpr int kMaxWarps = 32;
-
-// The block's combined Part, returned to every thread. The combining order depends on the block size alone.
-template <class Acc>
-__device__ Part<Acc> block_combine(Part<Acc> p) {
-  __shared__ Part<Acc> warps[kMaxWarps];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = (blockDim.x + 31) / 32;
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) p = combine(p, shfl_xor(p, o));
-  if (lane == 0) warps[warp] = p;
-  __syncthreads();
-  Part<Acc> r = warps[0];
-  for (int w = 1; w < nwarps; ++w) r = combine(r, warps[w]);
-  __syncthreads();  // warps[] is reused by the next row
-  return r;
+__device__ Part<Acc> block_combine(const Part<Acc>& p) {
+  return warp_tree_reduce(p, [](const Part<Acc>& a, const Part<Acc>& b) { return combine(a, b); });
 }
 
 // ---- cross-entropy --------------------------------------------------------------------------------------------
@@ -297,33 +282,60 @@ struct ScanArgs {
   long long* part_weighted;  // [gridDim.x] those with a nonzero target weight
 };
 
-// Each block scans its contiguous range of rows (core::scan_targets' checks and sums); the last block to finish sums
-// the blocks' partials in block order and the class weights, and completes the record.
+// A thread's share of the target scan (core::scan_targets' checks and sums): the rows lo + threadIdx.x, then every
+// blockDim.x, below hi.
+struct Tally {
+  double tw;            // sum of the target weights
+  long long counted;    // rows not ignored
+  long long weighted;   // of those, rows whose target weight is nonzero
+  long long first_bad;  // the first row with a target out of range; LLONG_MAX: none
+  double sum_w;         // the inline scan's class-weight share (CeKernelArgs::record)
+};
+
+template <class Acc>
+__device__ Tally tally_targets(const CeParams& p, const Acc* w, int64_t lo, int64_t hi) {
+  Tally t{0, 0, 0, LLONG_MAX, 0};
+  if (p.soft) return t;
+  for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
+    const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+    if (y == p.ignore_index) continue;
+    ++t.counted;
+    if (y < 0 || y >= p.classes) {
+      if (t.first_bad == LLONG_MAX) t.first_bad = r;  // this thread's rows ascend
+      continue;
+    }
+    const double wt = w != nullptr ? static_cast<double>(w[y]) : 1.0;
+    t.tw += wt;
+    t.weighted += wt != 0;
+  }
+  return t;
+}
+
+// The record's sums from the scan's totals: the denominators and the gradient's scale.
+template <class Acc>
+__device__ void complete_scan(const CeParams& p, double total, long long n, long long nz, double sum_w,
+                              const void* grad_scalar, bool mean, bool split_mean, CeScan& out) {
+  const double den = p.soft ? static_cast<double>(p.rows) : total;
+  const double loss_den = !p.soft && split_mean ? core::split_mean_denominator(den, n, nz, true) : den;
+  double gs = grad_scalar != nullptr ? static_cast<double>(*static_cast<const Acc*>(grad_scalar)) : 1.0;
+  if (mean) gs /= loss_den;
+  out.denominator = den;
+  out.loss_denominator = loss_den;
+  out.grad_scale = gs;
+  out.sum_w = sum_w;
+}
+
+// Each block scans its contiguous range of rows; the last block to finish sums the blocks' partials in block order
+// and the class weights, and completes the record.
 template <class Acc>
 __global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p, const ScanArgs<Acc> a) {
   const int64_t per = (p.rows + gridDim.x - 1) / gridDim.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * per, hi = min_i64(p.rows, lo + per);
-  double tw = 0;
-  long long counted = 0, weighted = 0;
-  int64_t first_bad = -1;
-  if (!p.soft) {
-    for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
-      const int64_t t = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
-      if (t == p.ignore_index) continue;
-      ++counted;
-      if (t < 0 || t >= p.classes) {
-        if (first_bad < 0) first_bad = r;  // this thread's rows ascend
-        continue;
-      }
-      const double wt = a.w != nullptr ? static_cast<double>(a.w[t]) : 1.0;
-      tw += wt;
-      weighted += wt != 0;
-    }
-  }
-  if (first_bad >= 0) atomicMax(&a.scan->bad, static_cast<unsigned long long>(p.rows - first_bad));
-  tw = block_reduce<kScanThreads>(tw, Plus{});
-  counted = block_reduce<kScanThreads>(counted, Plus{});
-  weighted = block_reduce<kScanThreads>(weighted, Plus{});
+  const Tally t = tally_targets(p, a.w, lo, hi);
+  if (t.first_bad != LLONG_MAX) atomicMax(&a.scan->bad, static_cast<unsigned long long>(p.rows - t.first_bad));
+  const double tw = block_reduce<kScanThreads>(t.tw, Plus{});
+  const long long counted = block_reduce<kScanThreads>(t.counted, Plus{});
+  const long long weighted = block_reduce<kScanThreads>(t.weighted, Plus{});
   if (threadIdx.x == 0) {
     a.part_w[blockIdx.x] = tw;
     a.part_counted[blockIdx.x] = counted;
@@ -343,14 +355,7 @@ __global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p,
   double total = 0;
   long long n = 0, nz = 0;
   for (unsigned b = 0; b < gridDim.x; ++b) total += pw[b], n += pc[b], nz += pz[b];
-  const double den = p.soft ? static_cast<double>(p.rows) : total;
-  const double loss_den = !p.soft && a.split_mean ? core::split_mean_denominator(den, n, nz, true) : den;
-  double gs = a.grad_scalar != nullptr ? static_cast<double>(*static_cast<const Acc*>(a.grad_scalar)) : 1.0;
-  if (a.mean) gs /= loss_den;
-  a.scan->denominator = den;
-  a.scan->loss_denominator = loss_den;
-  a.scan->grad_scale = gs;
-  a.scan->sum_w = sum_w;
+  complete_scan<Acc>(p, total, n, nz, sum_w, a.grad_scalar, a.mean, a.split_mean, *a.scan);
 }
 
 // 'mean' / 'sum' of a device call: each block of the scan's grid (scan_grid, a function of the row count) sums its
@@ -394,12 +399,41 @@ struct CeKernelArgs {
   math::AccOf<T>* z_loss = nullptr;
   unsigned* reduce_done = nullptr;
   bool mean = false;
+  // The scan inline (DeviceSteps::inline_scan, a small batch; scan is then nullptr): every block tallies every row's
+  // target itself (inline_scan), and block 0 writes the record's `bad` for the read-back.
+  CeScan* record = nullptr;
+  const void* grad_scalar = nullptr;
+  bool split_mean = false;
 };
 
+// The scan of a small batch inside each block of the row kernel: every block tallies all p.rows targets (at most
+// kInlineScanRows reads, from L2 after the first block) and the class weights, in one tree whose order depends on
+// blockDim.x alone, so every block holds the same record.
+template <class T>
+__device__ CeScan inline_scan(const CeKernelArgs<T>& a) {
+  using Acc = math::AccOf<T>;
+  const CeParams& p = a.p;
+  Tally t = tally_targets(p, a.w, 0, p.rows);
+  if (a.w != nullptr) {
+    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) t.sum_w += static_cast<double>(a.w[c]);
+  }
+  t = warp_tree_reduce(t, [](const Tally& x, const Tally& y) {
+    return Tally{x.tw + y.tw, x.counted + y.counted, x.weighted + y.weighted, Min{}(x.first_bad, y.first_bad),
+                 x.sum_w + y.sum_w};
+  });
+  CeScan s{};
+  s.bad = t.first_bad == LLONG_MAX ? 0 : static_cast<unsigned long long>(p.rows - t.first_bad);
+  complete_scan<Acc>(p, t.tw, t.counted, t.weighted, a.w != nullptr ? t.sum_w : static_cast<double>(p.classes),
+                     a.grad_scalar, a.mean, a.split_mean, s);
+  return s;
+}
+
 // kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
-// rows fit KeptRow (two blocks per multiprocessor, 128 registers per thread; the others four, 64).
+// rows fit KeptRow (blocks of at most 256 threads, two per multiprocessor, 128 registers per thread); the others up to
+// 1024 threads (ce_threads), 64 registers per thread.
 template <class T, bool kSoft, bool kCap, bool kSums, bool kKeep>
-__global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(const CeKernelArgs<T> a) {
+__global__ void __launch_bounds__(kKeep ? kMaxRowThreads : kMaxWideThreads, kKeep ? 2 : 1)
+    ce_rows_kernel(const CeKernelArgs<T> a) {
   using Acc = math::AccOf<T>;
   const CeParams& p = a.p;
   const Acc nan = static_cast<Acc>(NAN), inf = static_cast<Acc>(INFINITY);
@@ -416,10 +450,20 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
   double grad_scale = p.grad_scale;
   // uniform over the grid: a held gradient stands at an upstream value of 1
   if (a.held_scalar != nullptr && *static_cast<const Acc*>(a.held_scalar) == Acc(1)) return;
-  if (a.scan != nullptr) {
-    if (a.skip_bad && a.scan->bad != 0) return;  // uniform over the grid: nothing is written
-    grad_scale = a.scan->grad_scale;
-    rp.sum_w = static_cast<Acc>(a.scan->sum_w);
+  double den = 0, loss_den = 0;  // the folded reduction's
+  if (a.record != nullptr || a.scan != nullptr) {
+    CeScan s;
+    if (a.record != nullptr) {
+      s = inline_scan(a);
+      if (blockIdx.x == 0 && threadIdx.x == 0) a.record->bad = s.bad;
+    } else {
+      s = *a.scan;
+    }
+    if (a.skip_bad && s.bad != 0) return;  // uniform over the grid: nothing is written
+    grad_scale = s.grad_scale;
+    rp.sum_w = static_cast<Acc>(s.sum_w);
+    den = s.denominator;
+    loss_den = s.loss_denominator;
   }
   const Acc* w = a.w;
   const bool need_wz = p.eps != 0.0;
@@ -592,12 +636,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, kKeep ? 2 : 4) ce_rows_kernel(
     }
   }
   if (a.reduce_done == nullptr || !last_block_done(a.reduce_done)) return;
-  const double l = ordered_sum<kMaxRowThreads>(a.row_loss, p.rows);
-  const double z = a.z_loss != nullptr ? ordered_sum<kMaxRowThreads>(a.row_zloss, p.rows) : 0.0;
+  const double l = ordered_sum<kMaxWideThreads>(a.row_loss, p.rows);
+  const double z = a.z_loss != nullptr ? ordered_sum<kMaxWideThreads>(a.row_zloss, p.rows) : 0.0;
   if (threadIdx.x != 0) return;
   // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
-  if (a.loss != nullptr) *a.loss = static_cast<Acc>(a.mean ? l / a.scan->loss_denominator : l);
-  if (a.z_loss != nullptr) *a.z_loss = static_cast<Acc>(a.mean ? z / a.scan->denominator : z);
+  if (a.loss != nullptr) *a.loss = static_cast<Acc>(a.mean ? l / loss_den : l);
+  if (a.z_loss != nullptr) *a.z_loss = static_cast<Acc>(a.mean ? z / den : z);
 }
 
 // ---- NLL ------------------------------------------------------------------------------------------------------
@@ -689,10 +733,28 @@ int row_threads(int64_t classes) {
 
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
+// Threads per cross-entropy row block: row_threads, widened where the batch leaves the device short of the 32 warps
+// per multiprocessor that 64 registers a thread allow (rows < 4 x multiprocessors): up to 32 warps a row, so that a
+// row has up to 4x the loads in flight. Not for KeptRow's variants (256 threads at most).
+int ce_threads(int64_t classes, int64_t rows, bool keep) {
+  const int base = row_threads(classes);
+  if (keep || !small_batch_path() || rows <= 0) return base;
+  const int64_t sms = multiprocessors();
+  const int64_t rows_per_sm = (rows + sms - 1) / std::max<int64_t>(sms, 1);
+  const int64_t cap = std::clamp<int64_t>(32 / rows_per_sm, kMaxRowThreads / 32, kMaxWideThreads / 32);
+  return static_cast<int>(std::clamp<int64_t>((classes + 255) / 256, 1, cap) * 32);
+}
+
 // Up to this many rows per row-block thread a reduced call sums its rows' losses in the row kernel's last block (one
 // launch fewer; at most 32 loads a thread, as reduce_rows_kernel's 8192 rows over 256 threads); beyond,
 // reduce_rows_kernel spreads the sum over the scan's grid.
 constexpr int64_t kFoldRowsPerThread = 32;
+
+// Up to this many rows a whole cross-entropy call scans its targets inside the row kernel (inline_scan) and folds its
+// reduction there too (rows <= kFoldRowsPerThread x 32 threads, the fewest a block has): one kernel launch, and no
+// memset (the fold counts on stream_counter). Each block then reads every target: at most 8 KiB (int64).
+constexpr int64_t kInlineScanRows = 1024;
+static_assert(kInlineScanRows <= kFoldRowsPerThread * 32, "an inline call always folds its reduction");
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
@@ -710,20 +772,25 @@ std::vector<Operand> operands(const CeParams& p, const char* first) {
 // A device call's steps around its row kernels: the class weights in Acc and the scan record, made on the stream
 // at construction; finish() reads the first bad target back into the call (not when reports_bad_values() is false,
 // where nothing synchronises and a bad row is NaN instead, nor for a held gradient's call, whose targets were checked).
+//
+// may_inline: the call's rows go through one row kernel (a whole call, CeDeviceRows::rows_reduced), so a small batch
+// (kInlineScanRows, not under stream capture) leaves the scan to it: no memset and no scan kernel here.
 template <class Acc>
 class DeviceSteps {
  public:
-  explicit DeviceSteps(const CeParams& p)
+  DeviceSteps(const CeParams& p, bool may_inline)
       : call_(*p.device_call),
         no_read_back_(call_.held || !reports_bad_values()),
+        inline_(may_inline && small_batch_path() && p.rows > 0 && p.rows <= kInlineScanRows && !stream_capturing()),
         weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
         scan_(1),
-        grid_(scan_grid(p.rows)),
+        grid_(inline_ ? 0 : scan_grid(p.rows)),
         part_w_(2 * std::size_t{grid_}),
         part_n_(2 * std::size_t{grid_}) {
     if (call_.weight != nullptr) {
       weights_to_acc<Acc>(call_.weight, call_.weight_dtype, call_.weight_stride, p.classes, weights_.get());
     }
+    if (inline_) return;
     check(cudaMemsetAsync(scan_.get(), 0, sizeof(CeScan), stream()), "cudaMemsetAsync (scan record)");
     const ScanArgs<Acc> a{weights_.get(),   call_.grad_scalar,    call_.reduction == Reduction::mean,
                           call_.split_mean, scan_.get(),          part_w_.get(),
@@ -732,17 +799,23 @@ class DeviceSteps {
     check(cudaGetLastError(), "ce_scan_kernel");
   }
   [[nodiscard]] const Acc* weights() const noexcept { return weights_.get(); }
-  [[nodiscard]] const CeScan* scan() const noexcept { return scan_.get(); }
-  [[nodiscard]] unsigned* reduce_done() const noexcept { return &scan_.get()->reduce_done; }
+  [[nodiscard]] bool inline_scan() const noexcept { return inline_; }
+  [[nodiscard]] CeScan* scan() const noexcept { return scan_.get(); }
+  [[nodiscard]] unsigned* reduce_done() const { return inline_ ? stream_counter() : &scan_.get()->reduce_done; }
+  [[nodiscard]] const void* grad_scalar() const noexcept { return call_.grad_scalar; }
+  [[nodiscard]] bool split_mean() const noexcept { return call_.split_mean; }
   [[nodiscard]] bool reduced() const noexcept { return call_.loss != nullptr || call_.z_loss != nullptr; }
   [[nodiscard]] bool mean() const noexcept { return call_.reduction == Reduction::mean; }
   [[nodiscard]] void* loss() const noexcept { return call_.loss; }
   [[nodiscard]] void* z_loss() const noexcept { return call_.z_loss; }
   [[nodiscard]] bool skip_bad() const noexcept { return !no_read_back_; }
 
-  // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them.
+  // 'mean' / 'sum' outputs from the rows' losses (reduce_rows_kernel), when the call wants them. Not inline (the row
+  // kernel folds those).
   void reduce(const double* row_loss, const double* row_zloss, int64_t rows) const {
     if (call_.loss == nullptr && call_.z_loss == nullptr) return;
+    if (inline_)
+      throw Error(ErrorCode::device_error, "reduce", "a call whose scan ran on the stream", "an inline scan");
     // part_w_ is the scan's, done with by now (stream order)
     reduce_rows_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(
         row_loss, row_zloss, rows, scan_.get(), skip_bad(), call_.reduction == Reduction::mean, part_w_.get(),
@@ -761,6 +834,7 @@ class DeviceSteps {
  private:
   core::CeDeviceCall& call_;
   bool no_read_back_;
+  bool inline_;
   Scratch<Acc> weights_;
   Scratch<CeScan> scan_;
   unsigned grid_;
@@ -796,11 +870,13 @@ void launch_ce(bool soft, bool cap, bool sums, bool keep, unsigned grid, int thr
   soft ? with_cap(std::true_type{}) : with_cap(std::false_type{});
 }
 
-// Whether a fused call's rows fit KeptRow with `threads` threads.
-template <class T>
-bool keeps_row(const CeParams& p, int threads) {
-  return p.mode == CeMode::forward_backward && p.x_cstride == 1 && p.g_cstride == 1 &&
-         p.classes * static_cast<int64_t>(sizeof(T)) <= int64_t{16} * kKeepVectors * (threads - 1);
+// Whether a fused call takes a kept variant (launch_ce): class targets, float32 or 16-bit logits, and rows that fit
+// KeptRow at row_threads.
+bool keeps_row(const CeParams& p) {
+  return p.mode == CeMode::forward_backward && !p.soft && p.dtype != DType::f64 && p.x_cstride == 1 &&
+         p.g_cstride == 1 &&
+         p.classes * static_cast<int64_t>(dtype_size(p.dtype)) <=
+             int64_t{16} * kKeepVectors * (row_threads(p.classes) - 1);
 }
 
 // A held gradient scaled on the stream: nothing is read back (core passes no empty call).
@@ -819,7 +895,7 @@ void nll_run(const CeParams& p) {
   const bool reduced = p.device_call->loss != nullptr;
   if (p.rows == 0 && !reduced) return;
   const DeviceScope scope(operands(p, "input"));
-  DeviceSteps<Acc> steps(p);
+  DeviceSteps<Acc> steps(p, false);
   CeParams q = p;
   q.device_call = nullptr;
   if (p.mode == CeMode::forward) {
@@ -846,14 +922,14 @@ void visit(DType dtype, F&& f) {
 }  // namespace
 
 struct CeDeviceRows::Impl {
-  explicit Impl(const CeParams& p)
+  Impl(const CeParams& p, bool whole_call)
       : whole(p),
         reduced(p.device_call->loss != nullptr || p.device_call->z_loss != nullptr),
         row_loss(reduced ? static_cast<std::size_t>(2 * p.rows) : 0) {
     if (p.dtype == DType::f64) {
-      f64 = std::make_unique<DeviceSteps<double>>(p);
+      f64 = std::make_unique<DeviceSteps<double>>(p, whole_call);
     } else {
-      f32 = std::make_unique<DeviceSteps<float>>(p);
+      f32 = std::make_unique<DeviceSteps<float>>(p, whole_call);
     }
   }
   template <class Acc>
@@ -871,14 +947,15 @@ struct CeDeviceRows::Impl {
   std::unique_ptr<DeviceSteps<double>> f64;
 };
 
-CeDeviceRows::CeDeviceRows(const CeParams& whole) : impl_(std::make_unique<Impl>(whole)) {}
+CeDeviceRows::CeDeviceRows(const CeParams& whole, bool whole_call) : impl_(std::make_unique<Impl>(whole, whole_call)) {}
 CeDeviceRows::~CeDeviceRows() = default;
 
 void CeDeviceRows::rows(const CeParams& chunk, int64_t r0) { launch_rows(chunk, r0, false); }
 
 void CeDeviceRows::rows_reduced() {
   const CeParams& p = impl_->whole;
-  if (p.rows > 0 && p.rows <= kFoldRowsPerThread * row_threads(p.classes)) return launch_rows(p, 0, true);
+  const int threads = ce_threads(p.classes, p.rows, keeps_row(p));
+  if (p.rows > 0 && p.rows <= kFoldRowsPerThread * threads) return launch_rows(p, 0, true);
   rows(p, 0);
   reduce();
 }
@@ -894,16 +971,22 @@ void CeDeviceRows::launch_rows(const CeParams& chunk, int64_t r0, bool fold) {
                       steps.scan(), steps.skip_bad()};
     const core::CeDeviceCall& call = *impl_->whole.device_call;
     if (call.held) a.held_scalar = call.grad_scalar;
+    a.mean = steps.mean();
+    if (steps.inline_scan()) {  // a whole call (rows_reduced, fold): the kernel scans the targets itself
+      a.scan = nullptr;
+      a.record = steps.scan();
+      a.grad_scalar = steps.grad_scalar();
+      a.split_mean = steps.split_mean();
+    }
     if (fold && impl_->reduced) {
       a.loss = static_cast<Acc*>(steps.loss());
       a.z_loss = static_cast<Acc*>(steps.z_loss());
       a.reduce_done = steps.reduce_done();
-      a.mean = steps.mean();
     }
     a.p.device_call = nullptr;
-    const int threads = row_threads(chunk.classes);
-    launch_ce<T>(chunk.soft, chunk.softcap > 0, chunk.eps != 0.0, keeps_row<T>(chunk, threads), row_grid(chunk.rows),
-                 threads, a);
+    const bool keep = keeps_row(chunk);
+    launch_ce<T>(chunk.soft, chunk.softcap > 0, chunk.eps != 0.0, keep, row_grid(chunk.rows),
+                 ce_threads(chunk.classes, chunk.rows, keep), a);
   });
   check_launch("ce_rows_kernel");
 }
@@ -933,7 +1016,7 @@ void cross_entropy_rows(const CeParams& p) {
   const bool reduced = p.device_call->loss != nullptr || p.device_call->z_loss != nullptr;
   if (p.rows == 0 && !reduced) return;
   const DeviceScope scope(operands(p, "logits"));
-  CeDeviceRows call(p);
+  CeDeviceRows call(p, true);
   call.rows_reduced();
   call.check();
 }

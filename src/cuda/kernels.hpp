@@ -27,7 +27,9 @@ void nll_rows(const core::CeParams& p);            // src/cuda/cross_entropy.cu:
 // bad row is NaN instead) and returns whether there was none. Eager, nothing is written after a bad target.
 class CeDeviceRows {
  public:
-  explicit CeDeviceRows(const core::CeParams& whole);
+  // whole_call: the call's rows go through rows_reduced() alone, so a small batch may scan its targets in the row
+  // kernel (one launch: DeviceSteps' may_inline).
+  explicit CeDeviceRows(const core::CeParams& whole, bool whole_call = false);
   ~CeDeviceRows();
   CeDeviceRows(const CeDeviceRows&) = delete;
   CeDeviceRows& operator=(const CeDeviceRows&) = delete;

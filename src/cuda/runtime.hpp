@@ -111,6 +111,19 @@ inline bool reports_bad_values() { return cuda_check() == CudaCheck::report && !
 // unless the caller installed an allocator (lossfuse::set_cuda_allocator).
 cudaMemPool_t scratch_pool();  // src/cuda/backend.cu
 
+// The current device's multiprocessor count (asked once per device).
+int multiprocessors();
+
+// A counter in device memory for the calling thread's stream (device and stream ID: never shared by two streams), 0
+// between that stream's kernels: last_block_done leaves it so, and it is zeroed on the stream when made. A kernel that
+// counts its finished blocks on it needs no memset before it. Never under stream capture (a graph may replay on
+// another stream, beside that stream's own kernels): a captured call zeroes its own counter.
+unsigned* stream_counter();
+
+// Whether small batches take their one-launch paths (LOSSFUSE_CUDA_SMALL_BATCH unset or not "0"; read once). Off, every
+// call takes the general path: ctest runs the CUDA cross-entropy suite both ways (emu.cross_entropy_cuda_test*).
+bool small_batch_path();
+
 // A device buffer of n elements of T on the calling thread's stream, from the installed allocator or the pool, and
 // returned to the one it came from in that stream's order.
 template <class T>

@@ -28,7 +28,12 @@
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
 
+namespace {
+std::atomic<unsigned long long> next_id{1};
+}  // namespace
+
 struct CUstream_st {
+  unsigned long long id = next_id++;
   bool capturing = false;
   bool invalidated = false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
@@ -74,7 +79,7 @@ namespace {
 
 constexpr int kDevices = 2;
 constexpr std::size_t kPage = 4096, kAlign = 256;
-constexpr unsigned char kSlack = 0xa5, kFresh = 0xff;
+constexpr unsigned char kSlack = 0x7f, kFresh = 0xff;  // 0x7f...: a huge value in every float dtype a read adds
 
 std::mutex mu;  // memory map, streams, captures; a launch holds `launch_mu` instead
 std::recursive_mutex launch_mu;
@@ -109,6 +114,7 @@ char* user_of(const Allocation& a) {
 }
 
 void* allocate(std::size_t bytes, bool host) {
+  const std::lock_guard<std::recursive_mutex> launch(launch_mu);  // not between a race check's snapshots
   if (host) {
     void* p = std::malloc(std::max<std::size_t>(bytes, 1));
     if (p == nullptr) return nullptr;
@@ -358,6 +364,7 @@ std::string describe_block() {
 }
 
 std::uint64_t order_state = 0;  // under launch_mu: run_blocks seeds it
+bool order_flipped = false;     // under launch_mu: run_blocks sets it
 
 // Runs one block to its end; false (and kernel_error set, the reason printed) when its threads cannot go on.
 bool run_block(Block& b, unsigned n) {
@@ -376,7 +383,8 @@ bool run_block(Block& b, unsigned n) {
     const unsigned start = static_cast<unsigned>(order_state >> 33) % n;
     const bool backwards = (order_state >> 32 & 1u) != 0;
     for (unsigned k = 0; k < n; ++k) {
-      const unsigned t = backwards ? (start + n - k) % n : (start + k) % n;
+      const unsigned j = order_flipped ? n - 1 - k : k;  // the race check's first run: each pass exactly reversed
+      const unsigned t = backwards ? (start + n - j) % n : (start + j) % n;
       if (b.fibers[t].state != State::runnable) continue;
       b.current = t;
       builtins.thread = b.fibers[t].idx;
@@ -461,8 +469,11 @@ bool run_block(Block& b, unsigned n) {
 }
 
 // Every block of one launch, in block order or its reverse, each pass over a block's threads seeded from `seed`.
+// reverse: the blocks in reverse order, and each pass of a block's threads in the reverse of the order it has otherwise
+// (the same seed), so that every two threads racing in one pass run in both orders across the race check's two runs.
 void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t seed) {
   order_state = seed;
+  order_flipped = reverse;
   const unsigned long long total = 1ull * grid.x * grid.y * grid.z;
   for (unsigned long long k = 0; k < total; ++k) {
     const unsigned long long i = reverse ? total - 1 - k : k;
@@ -501,6 +512,8 @@ bool racecheck() {
 
 void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   const std::lock_guard<std::recursive_mutex> lock(launch_mu);
+  const cudaError_t earlier = kernel_error;  // an earlier launch's, not yet reported: this one still runs in full
+  kernel_error = cudaSuccess;
   static Block b;
   const unsigned n = blk.x * blk.y * blk.z;
   while (b.stacks.size() < n) {
@@ -521,7 +534,7 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   const std::uint64_t seed = 0x853c49e6748fea9bull + 0x9e3779b97f4a7c15ull * ++launches;
   if (racecheck()) {
     const Snapshot before = snapshot();
-    run_blocks(b, grid, n, true, ~seed);
+    run_blocks(b, grid, n, true, seed);
     const Snapshot first = snapshot();
     restore(before);
     if (kernel_error == cudaSuccess) run_blocks(b, grid, n, false, seed);
@@ -529,7 +542,7 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
     for (std::size_t i = 0; i < first.size() && kernel_error == cudaSuccess; ++i) {
       const auto& x = first[i].second;
       const auto& y = second[i].second;
-      const auto d = std::mismatch(x.begin(), x.end(), y.begin());
+      const auto d = std::mismatch(x.begin(), x.end(), y.begin(), y.end());
       if (d.first != x.end()) {
         fail("a launch of " + std::to_string(1ull * grid.x * grid.y * grid.z) + " blocks of " + std::to_string(n) +
              " threads wrote different bytes in two thread orders (a race): byte " +
@@ -543,6 +556,7 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   builtins = saved;
   block = outer;
   if (kernel_error == cudaSuccess) kernel_error = check_slack("a kernel");
+  if (earlier != cudaSuccess) kernel_error = earlier;
 }
 
 }  // namespace
@@ -572,8 +586,13 @@ void* dynamic_shared() {
   return reinterpret_cast<void*>((p + 15) & ~std::uintptr_t{15});
 }
 
+std::atomic<std::uint64_t> kernels_asked{0}, memsets_asked{0}, copies_asked{0};
+
+Counts counts() noexcept { return {kernels_asked.load(), memsets_asked.load(), copies_asked.load()}; }
+
 void Launch::submit(Task* task) const {
   std::shared_ptr<Task> owned(task);
+  ++kernels_asked;
   const unsigned long long threads = 1ull * block_.x * block_.y * block_.z;
   if (threads == 0 || threads > kMaxThreads || grid_.x == 0 || grid_.y == 0 || grid_.z == 0 || grid_.y > 65535 ||
       grid_.z > 65535 || smem_ > 48 * 1024) {
@@ -631,6 +650,12 @@ cudaError_t cudaGetDeviceCount(int* n) {
 }
 cudaError_t cudaGetDevice(int* d) {
   *d = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= kDevices) return note(cudaErrorInvalidDevice);
+  if (attr != cudaDevAttrMultiProcessorCount) return note(cudaErrorInvalidValue);
+  *value = 132;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
@@ -693,6 +718,7 @@ bool pinned(const void* p, std::size_t bytes) {
 
 cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t s, bool async) {
   if (bytes == 0) return cudaSuccess;
+  ++copies_asked;
   const std::lock_guard<std::recursive_mutex> launch(launch_mu);  // not while a launch's race check restores memory
   const bool dst_dev = in_device(dst, bytes), src_dev = in_device(src, bytes);
   bool ok = true;
@@ -723,6 +749,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
 
 cudaError_t set(void* p, int value, std::size_t bytes, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
+  ++memsets_asked;
   const std::lock_guard<std::recursive_mutex> launch(launch_mu);
   if (!in_device(p, bytes)) {
     fail("a memset of " + std::to_string(bytes) + " bytes outside one device allocation");
@@ -745,6 +772,11 @@ cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t s) { return set(p, value, bytes, s); }
 
+cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long* id) {
+  if (s == cudaStreamPerThread) return note(cudaErrorInvalidResourceHandle);
+  *id = of(s)->id;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = new CUstream_st;
@@ -790,19 +822,21 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
 
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   if (s == nullptr || !s->capturing) return note(cudaErrorInvalidValue);
-  const std::lock_guard<std::mutex> lock(mu);
-  s->capturing = false;
-  capturing_streams.erase(std::find(capturing_streams.begin(), capturing_streams.end(), s));
-  if (s->mode == cudaStreamCaptureModeGlobal) --global_captures;
-  CUgraph_st* g = s->graph;
-  s->graph = nullptr;
-  if (s->invalidated) {
-    delete g;
-    *graph = nullptr;
-    return note(cudaErrorStreamCaptureInvalidated);
+  std::unique_ptr<CUgraph_st> dropped;  // an invalidated capture's graph: deleted once mu is free (its memory's release
+                                        // takes launch_mu, then mu)
+  bool invalidated = false;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    s->capturing = false;
+    capturing_streams.erase(std::find(capturing_streams.begin(), capturing_streams.end(), s));
+    if (s->mode == cudaStreamCaptureModeGlobal) --global_captures;
+    CUgraph_st* g = s->graph;
+    s->graph = nullptr;
+    *graph = s->invalidated ? nullptr : g;
+    invalidated = s->invalidated;
+    if (invalidated) dropped.reset(g);
   }
-  *graph = g;
-  return cudaSuccess;
+  return invalidated ? note(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {

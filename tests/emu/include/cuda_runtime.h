@@ -53,6 +53,8 @@ using cudaError = cudaError_t;
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+// The per-thread default stream's handle; the emulator runs no stream of that kind (using it is an error there).
+inline cudaStream_t const cudaStreamPerThread = reinterpret_cast<cudaStream_t>(0x2);
 struct CUgraph_st;
 using cudaGraph_t = CUgraph_st*;
 struct CUgraphExec_st;
@@ -116,6 +118,8 @@ cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDevice(int* d);
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);  // 132 multiprocessors (an H100's)
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void** p, std::size_t bytes);
@@ -134,6 +138,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long* id);  // unique in the process, never reused
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode);
@@ -166,6 +171,13 @@ int sync_block_or(int predicate, const void* site);
 // `bytes` of `mine` from lane src of the calling thread's warp into out, once every lane of `mask` arrived.
 void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src);
 void* dynamic_shared();  // the launch's dynamic shared memory, zero bytes unless asked
+
+// What the process has asked of the emulated runtime so far, counted when asked (captured work when captured, not
+// when a graph replays it): kernel launches, memsets, copies. tests/emu/launch_count_test.cpp reads them.
+struct Counts {
+  std::uint64_t kernels = 0, memsets = 0, copies = 0;
+};
+Counts counts() noexcept;
 
 // A kernel launch: grid, block, dynamic shared bytes, stream; run (or recorded under capture) by operator().
 class Launch {
@@ -244,6 +256,10 @@ template <class T>
 T __ldg(const T* p) {
   return *p;
 }
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
+}
 inline float __expf(float v) { return std::exp(v); }
 
 // Atomics: one launch runs at a time and its threads one at a time, so a plain read and write is atomic here.
@@ -263,4 +279,5 @@ template <class T> T atomicOr(T* p, T v) { return ::lfemu::update(p, [v](T o) { 
 template <class T> T atomicAnd(T* p, T v) { return ::lfemu::update(p, [v](T o) { return static_cast<T>(o & v); }); }
 template <class T> T atomicExch(T* p, T v) { return ::lfemu::update(p, [v](T) { return v; }); }
 template <class T> T atomicCAS(T* p, T c, T v) { return ::lfemu::update(p, [c, v](T o) { return o == c ? v : o; }); }
+inline unsigned atomicInc(unsigned* p, unsigned v) { return ::lfemu::update(p, [v](unsigned o) { return o >= v ? 0u : o + 1; }); }
 // clang-format on

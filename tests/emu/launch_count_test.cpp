@@ -1,0 +1,135 @@
+// What a cross-entropy call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a small batch's
+// forward or fused call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan and folded
+// reduction), eagerly with its one read-back and under CudaCheck::nan with none; a large batch takes the general path
+// (a memset, the scan kernel, the row kernel). Each call's values are checked against the float64 reference too, so
+// a launch saved at the cost of a wrong value fails here.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu/ce_specs.hpp"
+#include "cuda/cuda_memory.hpp"
+
+namespace lftest::ce {
+namespace {
+
+struct Asked {
+  std::uint64_t kernels, memsets, copies;
+};
+
+Asked since(const lfemu::Counts& before) {
+  const lfemu::Counts now = lfemu::counts();
+  return {now.kernels - before.kernels, now.memsets - before.memsets, now.copies - before.copies};
+}
+
+Spec seed_spec(std::int64_t rows, std::int64_t classes, DType dt, Reduction red) {
+  Spec s;
+  s.name = "launch_count";
+  s.dt = dt;
+  s.tdt = DType::i64;
+  s.shape = {rows, classes};
+  s.red = red;
+  s.with_z = false;
+  return s;
+}
+
+// The call's runtime requests, forward (fused: forward_backward with a separate gradient), its outputs checked.
+Asked run(const Spec& s, bool fused, bool checked) {
+  Problem p = build(s);
+  Fwd f = make_outputs(p, s.with_lse, s.with_z);
+  Tensor grad = p.new_grad(Layout::contiguous);
+  Mirror m(&kCuda);
+  const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
+  const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
+  const std::optional<TensorView> up = fused ? std::optional<TensorView>(m(p.grad_loss)) : std::nullopt;
+  const lossfuse::CudaCheckScope check(checked ? lossfuse::CudaCheck::report : lossfuse::CudaCheck::nan);
+  const lfemu::Counts before = lfemu::counts();
+  if (fused) {
+    lossfuse::cross_entropy_forward_backward(logits, target, p.options(), out, up, g, GradWrite::separate);
+  } else {
+    lossfuse::cross_entropy_forward(logits, target, p.options(), out);
+  }
+  const Asked asked = since(before);
+  m.download();
+  check_forward(p, f.loss, s.with_lse ? &f.lse : nullptr, nullptr, fused ? "forward_backward" : "forward");
+  if (fused) check_grad(p, grad, "forward_backward");
+  return asked;
+}
+
+std::string describe(const Spec& s, bool fused) {
+  return std::to_string(s.shape[0]) + " x " + std::to_string(s.shape[1]) + " " +
+         std::string(lossfuse::dtype_name(s.dt)) + " " +
+         (s.red == Reduction::mean  ? "mean"
+          : s.red == Reduction::sum ? "sum"
+                                    : "none") +
+         (fused ? " fused" : " forward");
+}
+
+// The seed shapes (float32 forward) and others: one kernel launch, no memset; one copy (the 8-byte check
+// record's read-back) when checked, none unchecked. The stream's first such call also zeroes its counter
+// (stream_counter): a warm-up call takes that memset.
+TEST(LaunchCount, SmallBatchIsOneLaunch) {
+  EXPECT_EQ(run(seed_spec(4, 64, DType::f32, Reduction::mean), false, true).memsets, 1u) << "the stream's first call";
+  struct Case {
+    std::int64_t rows, classes;
+    DType dt;
+    Reduction red;
+    bool fused;
+  };
+  const std::vector<Case> cases = {
+      {32, 32000, DType::f32, Reduction::mean, false}, {128, 32000, DType::f32, Reduction::mean, false},
+      {32, 50257, DType::f32, Reduction::mean, false}, {32, 32000, DType::f32, Reduction::sum, false},
+      {32, 32000, DType::f32, Reduction::none, false}, {32, 32000, DType::bf16, Reduction::mean, true},
+      {128, 32000, DType::f32, Reduction::sum, true},  {64, 8192, DType::bf16, Reduction::none, true},
+      {1024, 600, DType::f32, Reduction::mean, false}, {1024, 600, DType::bf16, Reduction::mean, true},
+  };
+  for (const Case& c : cases) {
+    const Spec s = seed_spec(c.rows, c.classes, c.dt, c.red);
+    SCOPED_TRACE(describe(s, c.fused));
+    for (const bool checked : {true, false}) {
+      const Asked a = run(s, c.fused, checked);
+      EXPECT_EQ(a.kernels, 1u) << (checked ? "checked" : "unchecked");
+      EXPECT_EQ(a.memsets, 0u) << (checked ? "checked" : "unchecked");
+      EXPECT_EQ(a.copies, checked ? 1u : 0u) << (checked ? "checked" : "unchecked");
+    }
+  }
+}
+
+// Past kInlineScanRows: a memset of the scan record, the scan kernel and the row kernel (the reduction folded into
+// its last block up to 32 rows a thread).
+TEST(LaunchCount, LargeBatchTakesTheScan) {
+  const Spec s = seed_spec(1025, 300, DType::f32, Reduction::mean);
+  SCOPED_TRACE(describe(s, false));
+  const Asked a = run(s, false, true);
+  EXPECT_EQ(a.kernels, 2u);
+  EXPECT_EQ(a.memsets, 1u);
+}
+
+// Class weights add their conversion kernel, and nothing else.
+TEST(LaunchCount, WeightsAddTheirConversion) {
+  Spec s = seed_spec(64, 4096, DType::f32, Reduction::mean);
+  s.weight = true;
+  SCOPED_TRACE(describe(s, true));
+  Problem p = build(s);
+  Fwd f = make_outputs(p, true, false);
+  Mirror m(&kCuda);
+  CrossEntropyOptions o = p.options();
+  o.weight = m(p.weight);
+  const TensorView logits = m(p.logits), target = m(p.target);
+  const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
+  const lfemu::Counts before = lfemu::counts();
+  lossfuse::cross_entropy_forward(logits, target, o, out);
+  const Asked a = since(before);
+  m.download();
+  check_forward(p, f.loss, &f.lse, nullptr, "forward");
+  EXPECT_EQ(a.kernels, 2u);
+  EXPECT_EQ(a.memsets, 0u);
+}
+
+}  // namespace
+}  // namespace lftest::ce
+
+int main(int argc, char** argv) { return lftest::run_cuda_tests(argc, argv); }
