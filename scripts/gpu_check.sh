@@ -49,6 +49,9 @@ else
 fi
 
 step "cuda tests" 300 "$bin/test_cross_entropy_cuda_test" --gtest_brief=1
+# the general path (scan kernel, 256-thread blocks) for the specs a small batch otherwise takes in one launch
+step "cuda tests, general path" 120 env LOSSFUSE_CUDA_SMALL_BATCH=0 "$bin/test_cross_entropy_cuda_test" \
+  --gtest_brief=1 --gtest_filter='Options/*:Soft/*:Edge/*:*Errors*:*Graph*'
 step "cuda pointwise tests" 240 "$bin/test_pointwise_cuda_test" --gtest_brief=1
 step "cuda margin tests" 240 "$bin/test_margin_cuda_test" --gtest_brief=1
 step "cuda ctc tests" 240 "$bin/test_ctc_cuda_test" --gtest_brief=1

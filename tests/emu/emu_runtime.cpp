@@ -284,6 +284,9 @@ struct Fiber {
   const void* site = nullptr;
   int predicate = 0;
   unsigned mask = 0;
+  unsigned src = 0;             // at a warp exchange: the lane it reads
+  const char* wfile = nullptr;  // and its source line
+  int wline = 0;
   uint3 idx{};
 };
 
@@ -429,16 +432,32 @@ bool run_block(Block& b, unsigned n) {
     // Warp barriers: every lane of the mask there.
     for (unsigned w = 0; w < warps; ++w) {
       bool waiting = false, ready = true;
-      unsigned mask = 0;
+      unsigned mask = 0, first_lane = 0;
       for (unsigned l = 0; l < 32 && w * 32 + l < n; ++l) {
         const Fiber& f = b.fibers[w * 32 + l];
         if (f.state != State::at_warp) continue;
+        const Fiber& first = b.fibers[w * 32 + first_lane];
         if (waiting && f.mask != mask) {
           fail("lanes of warp " + std::to_string(w) + " in " + describe_block() +
                " shuffle under different masks (the emulator takes one mask a warp)");
           kernel_error = cudaErrorLaunchFailure;
           return false;
         }
+        if (waiting && (f.wline != first.wline || std::strcmp(f.wfile, first.wfile) != 0)) {
+          fail("lanes of warp " + std::to_string(w) + " in " + describe_block() + " meet at different shuffles: " +
+               first.wfile + ":" + std::to_string(first.wline) + " and " + f.wfile + ":" + std::to_string(f.wline));
+          kernel_error = cudaErrorLaunchFailure;
+          return false;
+        }
+        if ((f.mask >> l & 1u) == 0 || (f.mask >> f.src & 1u) == 0) {
+          fail("lane " + std::to_string(l) + " of warp " + std::to_string(w) + " in " + describe_block() +
+               " shuffles under mask " + std::to_string(f.mask) + ", which lacks " +
+               ((f.mask >> l & 1u) == 0 ? "the lane itself" : "its source lane " + std::to_string(f.src)) + " (" +
+               f.wfile + ":" + std::to_string(f.wline) + ")");
+          kernel_error = cudaErrorLaunchFailure;
+          return false;
+        }
+        if (!waiting) first_lane = l;
         waiting = true, mask = f.mask;
       }
       if (!waiting) continue;
@@ -571,12 +590,15 @@ int sync_block_or(int predicate, const void* site) {
   return block->barrier_result;
 }
 
-void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src) {
+void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src, const char* file,
+                   int line) {
   Block& b = *block;
   const unsigned t = b.current, warp = t / 32;
   std::memcpy(b.slots[t], mine, bytes);
-  b.fibers[t].mask = mask;
+  Fiber& f = b.fibers[t];
+  f.mask = mask, f.src = src, f.wfile = file, f.wline = line;
   yield(State::at_warp);
+  f.src = t % 32;  // the second meeting reads nothing
   std::memcpy(out, b.slots[warp * 32 + src], bytes);
   yield(State::at_warp);
 }

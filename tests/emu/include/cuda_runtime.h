@@ -169,7 +169,9 @@ extern thread_local Builtins builtins;
 void sync_block(const void* site);
 int sync_block_or(int predicate, const void* site);
 // `bytes` of `mine` from lane src of the calling thread's warp into out, once every lane of `mask` arrived.
-void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src);
+// The lanes of one exchange must call it from one source line (file, line) and name a source lane in the mask.
+void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src, const char* file,
+                   int line);
 void* dynamic_shared();  // the launch's dynamic shared memory, zero bytes unless asked
 
 // What the process has asked of the emulated runtime so far, counted when asked (captured work when captured, not
@@ -237,19 +239,21 @@ inline void __threadfence() {}
 inline void __threadfence_block() {}
 
 template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE()) {
+  static_assert(sizeof(T) <= 16, "a warp slot holds 16 bytes");
   const unsigned lane = ::lfemu::lane();
   unsigned src = lane ^ static_cast<unsigned>(lane_mask);
   if ((src & ~static_cast<unsigned>(width - 1)) != (lane & ~static_cast<unsigned>(width - 1))) src = lane;
   T out;
-  ::lfemu::warp_exchange(mask, &v, &out, sizeof(T), src);
+  ::lfemu::warp_exchange(mask, &v, &out, sizeof(T), src, file, line);
   return out;
 }
 
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   const unsigned char none = 0;
   unsigned char out;
-  ::lfemu::warp_exchange(mask, &none, &out, 1, ::lfemu::lane());
+  ::lfemu::warp_exchange(mask, &none, &out, 1, ::lfemu::lane(), file, line);
 }
 
 template <class T>

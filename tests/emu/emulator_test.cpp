@@ -1,0 +1,131 @@
+// The emulator's own checks (docs/cuda.md#the-emulator), each on a small kernel written for it: what the CUDA suites
+// rely on it to catch must be caught, and a correct kernel must pass. Kernels are plain C++ against the emulator's
+// headers, launched as cu_to_cpp.py rewrites a `<<<...>>>` launch.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+// The launch's error, as a caller sees it after the kernel.
+template <class K, class... A>
+cudaError_t launch(unsigned threads, K kernel, A... args) {
+  (void)cudaGetLastError();
+  ::lfemu::Launch(dim3(2), dim3(threads))([kernel](auto... p) { kernel(p...); }, args...);
+  const cudaError_t e = cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  return e;
+}
+
+struct Device {
+  explicit Device(std::size_t bytes) : bytes(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
+  ~Device() { (void)cudaFree(p); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  template <class T>
+  std::vector<T> read() const {
+    std::vector<T> v(bytes / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void* p = nullptr;
+  std::size_t bytes;
+};
+
+// Thread t stores t in shared memory; with the barrier, thread t then reads thread (t + 1)'s value.
+void neighbour(int* out, bool barrier) {
+  __shared__ int s[64];
+  s[threadIdx.x] = static_cast<int>(threadIdx.x + 64 * blockIdx.x);
+  if (barrier) __syncthreads();
+  out[blockIdx.x * 64 + threadIdx.x] = s[(threadIdx.x + 1) % 64];
+}
+
+TEST(Emulator, CorrectKernelPasses) {
+  Device out(2 * 64 * sizeof(int));
+  ASSERT_EQ(launch(64, neighbour, static_cast<int*>(out.p), true), cudaSuccess);
+  const std::vector<int> v = out.read<int>();
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(v[i], (i % 64 + 1) % 64 + i / 64 * 64) << i;
+}
+
+TEST(Emulator, MissingBarrierIsARace) {
+  if (std::getenv("LFEMU_RACECHECK") == nullptr) GTEST_SKIP() << "the race check is off (ctest sets LFEMU_RACECHECK=1)";
+  Device out(2 * 64 * sizeof(int));
+  EXPECT_EQ(launch(64, neighbour, static_cast<int*>(out.p), false), cudaErrorLaunchFailure);
+}
+
+void split_barrier(int*) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+}
+
+TEST(Emulator, BarriersAtDifferentLinesFail) {
+  EXPECT_EQ(launch(64, split_barrier, static_cast<int*>(nullptr)), cudaErrorLaunchFailure);
+}
+
+void split_shuffle(int* out) {
+  int v = static_cast<int>(threadIdx.x);
+  if (threadIdx.x % 2 == 0) {
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  } else {
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  out[blockIdx.x * 32 + threadIdx.x] = v;
+}
+
+TEST(Emulator, ShufflesAtDifferentLinesFail) {
+  Device out(2 * 32 * sizeof(int));
+  EXPECT_EQ(launch(32, split_shuffle, static_cast<int*>(out.p)), cudaErrorLaunchFailure);
+}
+
+// The lower half-warp shuffles among itself but lane l reads lane l ^ 16, outside the mask.
+void outside_mask(int* out) {
+  int v = static_cast<int>(threadIdx.x);
+  if (threadIdx.x < 16) v = __shfl_xor_sync(0x0000ffffu, v, 16);
+  out[blockIdx.x * 32 + threadIdx.x] = v;
+}
+
+TEST(Emulator, ShuffleSourceOutsideTheMaskFails) {
+  Device out(2 * 32 * sizeof(int));
+  EXPECT_EQ(launch(32, outside_mask, static_cast<int*>(out.p)), cudaErrorLaunchFailure);
+}
+
+void write_at(unsigned char* p, int i) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) p[i] = 1;
+}
+
+TEST(Emulator, WriteIntoTheSlackIsAnIllegalAddress) {
+  Device buf(100);
+  EXPECT_EQ(launch(32, write_at, static_cast<unsigned char*>(buf.p), 99), cudaSuccess);
+  EXPECT_EQ(launch(32, write_at, static_cast<unsigned char*>(buf.p), 100), cudaErrorIllegalAddress);
+}
+
+TEST(Emulator, FreshMemoryIsNaN) {
+  Device buf(4 * sizeof(float));
+  for (const float f : buf.read<float>()) EXPECT_TRUE(std::isnan(f));
+}
+
+TEST(Emulator, CountsWhatIsAsked) {
+  Device out(2 * 64 * sizeof(int));
+  const lfemu::Counts before = lfemu::counts();
+  ASSERT_EQ(cudaMemsetAsync(out.p, 0, out.bytes, nullptr), cudaSuccess);
+  ASSERT_EQ(launch(64, neighbour, static_cast<int*>(out.p), true), cudaSuccess);
+  (void)out.read<int>();
+  const lfemu::Counts after = lfemu::counts();
+  EXPECT_EQ(after.kernels - before.kernels, 1u);
+  EXPECT_EQ(after.memsets - before.memsets, 1u);
+  EXPECT_EQ(after.copies - before.copies, 1u);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
