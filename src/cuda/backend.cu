@@ -75,9 +75,18 @@ unsigned* stream_counter() {
   const std::thread::id thread = stream() == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{};
   const std::lock_guard<std::mutex> lock(mu);
   unsigned*& c = counters[{dev, id, thread}];
-  if (c == nullptr) {  // kept for the process (4 bytes a stream)
+  if (c == nullptr) {  // kept for the process: one allocation a stream, from the installed allocator or the pool
     void* p = nullptr;
-    check(cudaMallocFromPoolAsync(&p, sizeof(unsigned), scratch_pool(), stream()), "cudaMallocFromPoolAsync (counter)");
+    const CudaAllocator alloc = cuda_allocator();
+    if (alloc.allocate != nullptr) {
+      p = alloc.allocate(sizeof(unsigned), stream(), alloc.ctx);
+      if (p == nullptr) {
+        throw Error(ErrorCode::device_error, "scratch", "4 bytes from the installed allocator", "no memory");
+      }
+    } else {
+      check(cudaMallocFromPoolAsync(&p, sizeof(unsigned), scratch_pool(), stream()),
+            "cudaMallocFromPoolAsync (counter)");
+    }
     check(cudaMemsetAsync(p, 0, sizeof(unsigned), stream()), "cudaMemsetAsync (counter)");
     c = static_cast<unsigned*>(p);
   }

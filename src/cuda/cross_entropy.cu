@@ -282,21 +282,19 @@ struct ScanArgs {
   long long* part_weighted;  // [gridDim.x] those with a nonzero target weight
 };
 
-// A thread's share of the target scan (core::scan_targets' checks and sums): the rows lo + threadIdx.x, then every
-// blockDim.x, below hi.
+// A lane's share of the target scan (core::scan_targets' checks and sums): the rows first, first + step, ... below hi.
 struct Tally {
   double tw;            // sum of the target weights
   long long counted;    // rows not ignored
   long long weighted;   // of those, rows whose target weight is nonzero
   long long first_bad;  // the first row with a target out of range; LLONG_MAX: none
-  double sum_w;         // the inline scan's class-weight share (CeKernelArgs::record)
 };
 
 template <class Acc>
-__device__ Tally tally_targets(const CeParams& p, const Acc* w, int64_t lo, int64_t hi) {
-  Tally t{0, 0, 0, LLONG_MAX, 0};
+__device__ Tally tally_targets(const CeParams& p, const Acc* w, int64_t first, int64_t hi, int64_t step) {
+  Tally t{0, 0, 0, LLONG_MAX};
   if (p.soft) return t;
-  for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
+  for (int64_t r = first; r < hi; r += step) {
     const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
     if (y == p.ignore_index) continue;
     ++t.counted;
@@ -331,7 +329,7 @@ template <class Acc>
 __global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p, const ScanArgs<Acc> a) {
   const int64_t per = (p.rows + gridDim.x - 1) / gridDim.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * per, hi = min_i64(p.rows, lo + per);
-  const Tally t = tally_targets(p, a.w, lo, hi);
+  const Tally t = tally_targets(p, a.w, lo + threadIdx.x, hi, blockDim.x);
   if (t.first_bad != LLONG_MAX) atomicMax(&a.scan->bad, static_cast<unsigned long long>(p.rows - t.first_bad));
   const double tw = block_reduce<kScanThreads>(t.tw, Plus{});
   const long long counted = block_reduce<kScanThreads>(t.counted, Plus{});
@@ -407,23 +405,44 @@ struct CeKernelArgs {
 };
 
 // The scan of a small batch inside each block of the row kernel: every block tallies all p.rows targets (at most
-// kInlineScanRows reads, from L2 after the first block) and the class weights, in one tree whose order depends on
-// blockDim.x alone, so every block holds the same record.
+// kInlineScanRows reads, from L2 after the first block) and, with label smoothing, the class weights (which its rows
+// read anyway). The sums take ce_scan_kernel's order for one scan block (kScanThreads lanes, each its strided rows or
+// classes in order, then block_reduce's tree at that width), whatever this block's size, so the record has the bits
+// the general path's has (an eager call and a captured one agree) and every block holds the same.
 template <class T>
 __device__ CeScan inline_scan(const CeKernelArgs<T>& a) {
   using Acc = math::AccOf<T>;
   const CeParams& p = a.p;
-  Tally t = tally_targets(p, a.w, 0, p.rows);
-  if (a.w != nullptr) {
-    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) t.sum_w += static_cast<double>(a.w[c]);
+  __shared__ double lane_tw[kScanThreads], lane_sw[kScanThreads];
+  const bool smoothing_weights = a.w != nullptr && p.eps != 0.0;  // sum_w is used with label smoothing alone
+  Tally mine{0, 0, 0, LLONG_MAX};
+  for (int v = threadIdx.x; v < kScanThreads; v += blockDim.x) {
+    const Tally t = tally_targets(p, a.w, v, p.rows, kScanThreads);
+    lane_tw[v] = t.tw;
+    mine.counted += t.counted;
+    mine.weighted += t.weighted;
+    mine.first_bad = Min{}(mine.first_bad, t.first_bad);
+    double sw = 0;
+    if (smoothing_weights) {
+      for (int64_t c = v; c < p.classes; c += kScanThreads) sw += static_cast<double>(a.w[c]);
+    }
+    lane_sw[v] = sw;
   }
-  t = warp_tree_reduce(t, [](const Tally& x, const Tally& y) {
-    return Tally{x.tw + y.tw, x.counted + y.counted, x.weighted + y.weighted, Min{}(x.first_bad, y.first_bad),
-                 x.sum_w + y.sum_w};
+  for (int w = kScanThreads / 2; w > 0; w /= 2) {  // block_reduce<kScanThreads>'s tree
+    __syncthreads();
+    for (int t = threadIdx.x; t < w; t += blockDim.x) {
+      lane_tw[t] = lane_tw[t] + lane_tw[t + w];
+      lane_sw[t] = lane_sw[t] + lane_sw[t + w];
+    }
+  }
+  __syncthreads();
+  const Tally n = warp_tree_reduce(mine, [](const Tally& x, const Tally& y) {
+    return Tally{0, x.counted + y.counted, x.weighted + y.weighted, Min{}(x.first_bad, y.first_bad)};
   });
   CeScan s{};
-  s.bad = t.first_bad == LLONG_MAX ? 0 : static_cast<unsigned long long>(p.rows - t.first_bad);
-  complete_scan<Acc>(p, t.tw, t.counted, t.weighted, a.w != nullptr ? t.sum_w : static_cast<double>(p.classes),
+  s.bad = n.first_bad == LLONG_MAX ? 0 : static_cast<unsigned long long>(p.rows - n.first_bad);
+  const double total = 0.0 + lane_tw[0];  // as ce_scan_kernel's sum over its one block
+  complete_scan<Acc>(p, total, n.counted, n.weighted, smoothing_weights ? lane_sw[0] : static_cast<double>(p.classes),
                      a.grad_scalar, a.mean, a.split_mean, s);
   return s;
 }
@@ -636,8 +655,9 @@ __global__ void __launch_bounds__(kKeep ? kMaxRowThreads : kMaxWideThreads, kKee
     }
   }
   if (a.reduce_done == nullptr || !last_block_done(a.reduce_done)) return;
-  const double l = ordered_sum<kMaxWideThreads>(a.row_loss, p.rows);
-  const double z = a.z_loss != nullptr ? ordered_sum<kMaxWideThreads>(a.row_zloss, p.rows) : 0.0;
+  constexpr int kWidth = kKeep ? kMaxRowThreads : kMaxWideThreads;  // the tree's bits depend on blockDim.x alone
+  const double l = ordered_sum<kWidth>(a.row_loss, p.rows);
+  const double z = a.z_loss != nullptr ? ordered_sum<kWidth>(a.row_zloss, p.rows) : 0.0;
   if (threadIdx.x != 0) return;
   // 'mean' of nothing is 0 / 0 = NaN, as core::write_reduced
   if (a.loss != nullptr) *a.loss = static_cast<Acc>(a.mean ? l / loss_den : l);
@@ -734,8 +754,10 @@ int row_threads(int64_t classes) {
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
 // Threads per cross-entropy row block: row_threads, widened where the batch leaves the device short of the 32 warps
-// per multiprocessor that 64 registers a thread allow (rows < 4 x multiprocessors): up to 32 warps a row, so that a
-// row has up to 4x the loads in flight. Not for KeptRow's variants (256 threads at most).
+// per multiprocessor that 64 registers a thread allow (at most 3 rows per multiprocessor): up to 32 warps a row, so
+// that a row has up to 4x the loads in flight. Not for KeptRow's variants (256 threads at most). A row's combine order
+// follows its block size, so such a batch's rows may differ in the last bit from the same rows in a larger batch
+// (bitwise repeatable for one shape on one device).
 int ce_threads(int64_t classes, int64_t rows, bool keep) {
   const int base = row_threads(classes);
   if (keep || !small_batch_path() || rows <= 0) return base;
@@ -755,6 +777,7 @@ constexpr int64_t kFoldRowsPerThread = 32;
 // memset (the fold counts on stream_counter). Each block then reads every target: at most 8 KiB (int64).
 constexpr int64_t kInlineScanRows = 1024;
 static_assert(kInlineScanRows <= kFoldRowsPerThread * 32, "an inline call always folds its reduction");
+static_assert(kInlineScanRows <= kScanRowsPerBlock, "inline_scan takes the order of one scan block");
 
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 

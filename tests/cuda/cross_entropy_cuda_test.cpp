@@ -214,6 +214,38 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
   }
 }
 
+// Class weights of full float32 mantissas at three scales 2^20 apart, whose sum in double depends on its order: an
+// eager small batch scans its targets inside the row kernel and a captured call in the scan kernel, and the two must
+// sum in the same order (cross_entropy.cu's inline_scan), so their bits agree.
+TEST(CrossEntropyCudaGraph, CapturedMatchesEagerForOrderSensitiveWeights) {
+  Spec s = base_spec(DType::f64, DType::i64);  // float64 outputs show the denominator's last bit
+  s.shape = {300, 1000};
+  s.eps = 0.1;
+  s.weight = true;
+  Problem p = build(s);
+  for (std::int64_t c = 0; c < s.shape[1]; ++c) {  // full float32 mantissas at 2^20, 1 and 2^-20
+    const double frac = static_cast<double>((c * 2654435761LL) % (1 << 23)) / (1 << 23);
+    p.weight->set(c, std::ldexp(1.0 + frac, static_cast<int>(c % 3) * 20 - 20));
+  }
+  auto bits = [&](RunAs how) {
+    Fwd f = make_outputs(p, true, true);
+    Tensor grad = p.new_grad(Layout::contiguous);
+    Mirror m(&kCuda);
+    CrossEntropyOptions o = p.options();
+    o.weight = m(p.weight);
+    const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
+    const auto up = m(p.grad_loss);
+    const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
+    run_as(how, [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, up, g); });
+    m.download();
+    std::vector<std::uint8_t> b = f.loss.storage;
+    b.insert(b.end(), grad.storage.begin(), grad.storage.end());
+    return b;
+  };
+  const auto eager = bits(RunAs::eager);
+  EXPECT_TRUE(bits(RunAs::captured) == eager) << "the captured call's bits differ from the eager call's";
+}
+
 // cross_entropy_scale_held reads the upstream gradient on the device: captured and replayed twice, it gives the bits
 // of two eager calls (the held gradient itself for an upstream of 1), so a training step's backward needs no
 // read-back.

@@ -498,6 +498,7 @@ void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t see
     const unsigned long long i = reverse ? total - 1 - k : k;
     builtins.block = {static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
                       static_cast<unsigned>(i / (1ull * grid.x * grid.y))};
+    order_state = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));  // per block, so both runs give block i the same passes
     std::fill(b.dynamic.begin(), b.dynamic.end(), kFresh);
     if (!run_block(b, n)) return;
   }
