@@ -75,18 +75,9 @@ unsigned* stream_counter() {
   const std::thread::id thread = stream() == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{};
   const std::lock_guard<std::mutex> lock(mu);
   unsigned*& c = counters[{dev, id, thread}];
-  if (c == nullptr) {  // kept for the process: one allocation a stream, from the installed allocator or the pool
+  if (c == nullptr) {  // kept for the process, from lossfuse's pool (never released, whatever allocator is installed)
     void* p = nullptr;
-    const CudaAllocator alloc = cuda_allocator();
-    if (alloc.allocate != nullptr) {
-      p = alloc.allocate(sizeof(unsigned), stream(), alloc.ctx);
-      if (p == nullptr) {
-        throw Error(ErrorCode::device_error, "scratch", "4 bytes from the installed allocator", "no memory");
-      }
-    } else {
-      check(cudaMallocFromPoolAsync(&p, sizeof(unsigned), scratch_pool(), stream()),
-            "cudaMallocFromPoolAsync (counter)");
-    }
+    check(cudaMallocFromPoolAsync(&p, sizeof(unsigned), scratch_pool(), stream()), "cudaMallocFromPoolAsync (counter)");
     check(cudaMemsetAsync(p, 0, sizeof(unsigned), stream()), "cudaMemsetAsync (counter)");
     c = static_cast<unsigned*>(p);
   }

@@ -118,7 +118,8 @@ int multiprocessors();
 // between that stream's kernels: last_block_done leaves it so, and it is zeroed on the stream when made. A kernel that
 // counts its finished blocks on it needs no memset before it. Never under stream capture (a graph may replay on
 // another stream, beside that stream's own kernels): a captured call zeroes its own counter. Each is kept for the
-// process (one small allocation per stream that ever ran such a call, from the installed allocator or the pool).
+// process (one small allocation per stream that ever ran such a call, from lossfuse's pool even where another
+// allocator is installed, so that no allocator change can free it).
 unsigned* stream_counter();
 
 // Whether small batches take their one-launch paths (LOSSFUSE_CUDA_SMALL_BATCH unset or not "0"; read once). Off, every

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,27 @@ TEST(CrossEntropyCudaDeterminism, BitwiseAcrossRuns) {
   }
 }
 
+// A weighted fused call of p (its upstream gradient when `upstream`, else none), run `how`: the loss, lse and gradient
+// bytes; seen(loss, grad) looks at the downloaded outputs first.
+template <class F>
+std::vector<std::uint8_t> weighted_fused_bits(Problem& p, RunAs how, bool upstream, F&& seen) {
+  Fwd f = make_outputs(p, true, true);
+  Tensor grad = p.new_grad(Layout::contiguous);
+  Mirror m(&kCuda);
+  CrossEntropyOptions o = p.options();
+  o.weight = m(p.weight);
+  const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
+  const std::optional<TensorView> up = upstream ? std::optional<TensorView>(m(p.grad_loss)) : std::nullopt;
+  const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
+  run_as(how, [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, up, g); });
+  m.download();
+  seen(f.loss, grad);
+  std::vector<std::uint8_t> b = f.loss.storage;
+  b.insert(b.end(), f.lse.storage.begin(), f.lse.storage.end());
+  b.insert(b.end(), grad.storage.begin(), grad.storage.end());
+  return b;
+}
+
 // A weighted, label-smoothed, fused mean call captured into a CUDA graph on a stream of the caller's (torch's
 // capture mode: global) and replayed twice, or run eagerly under CudaCheck::nan: no host synchronisation, and the
 // same bits as the eager call. Neither reads anything back, so a bad target makes its row's gradient and the loss NaN
@@ -182,25 +204,13 @@ TEST(CrossEntropyCudaGraph, CapturedCallMatchesEager) {
     s.weight = true;
     Problem p = build(s);
     auto bits = [&](RunAs how) {
-      Fwd f = make_outputs(p, true, true);
-      Tensor grad = p.new_grad(Layout::contiguous);
-      Mirror m(&kCuda);
-      CrossEntropyOptions o = p.options();
-      o.weight = m(p.weight);
-      const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
-      const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
-      run_as(how, [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, std::nullopt, g); });
-      m.download();
-      if (bad) {
-        EXPECT_TRUE(std::isnan(f.loss.values()[0])) << "a bad target, " << run_name(how);
+      return weighted_fused_bits(p, how, false, [&](const Tensor& loss, const Tensor& grad) {
+        if (!bad) return;
+        EXPECT_TRUE(std::isnan(loss.values()[0])) << "a bad target, " << run_name(how);
         std::int64_t finite = 0;
         for (std::int64_t c = 0; c < s.shape[1]; ++c) finite += std::isnan(grad.get(5 * s.shape[1] + c)) ? 0 : 1;
         EXPECT_EQ(finite, 0) << "the bad row's gradient, " << run_name(how);
-      }
-      std::vector<std::uint8_t> b = f.loss.storage;
-      b.insert(b.end(), f.lse.storage.begin(), f.lse.storage.end());
-      b.insert(b.end(), grad.storage.begin(), grad.storage.end());
-      return b;
+      });
     };
     if (bad) {
       p.target.set_int(5, -3);
@@ -227,23 +237,10 @@ TEST(CrossEntropyCudaGraph, CapturedMatchesEagerForOrderSensitiveWeights) {
     const double frac = static_cast<double>((c * 2654435761LL) % (1 << 23)) / (1 << 23);
     p.weight->set(c, std::ldexp(1.0 + frac, static_cast<int>(c % 3) * 20 - 20));
   }
-  auto bits = [&](RunAs how) {
-    Fwd f = make_outputs(p, true, true);
-    Tensor grad = p.new_grad(Layout::contiguous);
-    Mirror m(&kCuda);
-    CrossEntropyOptions o = p.options();
-    o.weight = m(p.weight);
-    const TensorView logits = m(p.logits), target = m(p.target), g = m(grad);
-    const auto up = m(p.grad_loss);
-    const lossfuse::CrossEntropyOutputs out = mirror_outputs(m, f, f.out);
-    run_as(how, [&] { lossfuse::cross_entropy_forward_backward(logits, target, o, out, up, g); });
-    m.download();
-    std::vector<std::uint8_t> b = f.loss.storage;
-    b.insert(b.end(), grad.storage.begin(), grad.storage.end());
-    return b;
-  };
-  const auto eager = bits(RunAs::eager);
-  EXPECT_TRUE(bits(RunAs::captured) == eager) << "the captured call's bits differ from the eager call's";
+  const auto none = [](const Tensor&, const Tensor&) {};
+  const auto eager = weighted_fused_bits(p, RunAs::eager, true, none);
+  EXPECT_TRUE(weighted_fused_bits(p, RunAs::captured, true, none) == eager)
+      << "the captured call's bits differ from the eager call's";
 }
 
 // cross_entropy_scale_held reads the upstream gradient on the device: captured and replayed twice, it gives the bits

@@ -491,7 +491,6 @@ bool run_block(Block& b, unsigned n) {
 // reverse: the blocks in reverse order, and each pass of a block's threads in the reverse of the order it has otherwise
 // (the same seed), so that every two threads racing in one pass run in both orders across the race check's two runs.
 void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t seed) {
-  order_state = seed;
   order_flipped = reverse;
   const unsigned long long total = 1ull * grid.x * grid.y * grid.z;
   for (unsigned long long k = 0; k < total; ++k) {
