@@ -69,9 +69,16 @@ unsigned* stream_counter() {
   static std::mutex mu;
   // (device, stream ID, thread for the per-thread default stream, whose handle every thread shares)
   static std::map<std::tuple<int, unsigned long long, std::thread::id>, unsigned*> counters;
+  struct Last {
+    int dev = -1;
+    unsigned long long id = 0;
+    unsigned* counter = nullptr;
+  };
+  thread_local Last last;  // this thread's last stream: no lock on the way back to it
   const int dev = current_device();
   unsigned long long id = 0;
   check(cudaStreamGetId(stream(), &id), "cudaStreamGetId");
+  if (last.counter != nullptr && last.dev == dev && last.id == id) return last.counter;
   const std::thread::id thread = stream() == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{};
   const std::lock_guard<std::mutex> lock(mu);
   unsigned*& c = counters[{dev, id, thread}];
@@ -81,6 +88,7 @@ unsigned* stream_counter() {
     check(cudaMemsetAsync(p, 0, sizeof(unsigned), stream()), "cudaMemsetAsync (counter)");
     c = static_cast<unsigned*>(p);
   }
+  last = {dev, id, c};
   return c;
 }
 

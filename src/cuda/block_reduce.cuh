@@ -8,19 +8,28 @@
 
 namespace lossfuse::cuda {
 
-// op over the values of a block of at most kThreads threads (a power of two), in a fixed tree (a function of
-// blockDim.x); every thread gets the result.
+// Folds buf[0, lanes) into buf[0] in a fixed tree over kWidth lanes (a power of two, lanes <= kWidth): a function of
+// kWidth and lanes alone, whatever blockDim.x (a block narrower than kWidth takes several lanes a thread). Begins and
+// ends with a barrier; every thread may then read buf[0].
+template <int kWidth, class V, class Op>
+__device__ void tree_fold(V* buf, int lanes, Op op) {
+  static_assert((kWidth & (kWidth - 1)) == 0, "a power of two");
+  for (int w = kWidth / 2; w > 0; w /= 2) {
+    __syncthreads();
+    for (int t = static_cast<int>(threadIdx.x); t < w; t += static_cast<int>(blockDim.x)) {
+      if (t + w < lanes) buf[t] = op(buf[t], buf[t + w]);
+    }
+  }
+  __syncthreads();
+}
+
+// op over the values of a block of at most kThreads threads (a power of two), in tree_fold's tree over blockDim.x
+// lanes; every thread gets the result.
 template <int kThreads, class V, class Op>
 __device__ V block_reduce(V v, Op op) {
-  static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
   __shared__ V buf[kThreads];
   buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    const int t = static_cast<int>(threadIdx.x);
-    if (t < w && t + w < static_cast<int>(blockDim.x)) buf[t] = op(buf[t], buf[t + w]);
-    __syncthreads();
-  }
+  tree_fold<kThreads>(buf, static_cast<int>(blockDim.x), op);
   const V r = buf[0];
   __syncthreads();  // buf is reused by the next reduction
   return r;

@@ -309,6 +309,14 @@ __device__ Tally tally_targets(const CeParams& p, const Acc* w, int64_t first, i
   return t;
 }
 
+// A scan lane's share of the class weights' sum: classes lane, lane + kScanThreads, ... in order.
+template <class Acc>
+__device__ double lane_weight_sum(const Acc* w, int64_t classes, int lane) {
+  double s = 0;
+  for (int64_t c = lane; c < classes; c += kScanThreads) s += static_cast<double>(w[c]);
+  return s;
+}
+
 // The record's sums from the scan's totals: the denominators and the gradient's scale.
 template <class Acc>
 __device__ void complete_scan(const CeParams& p, double total, long long n, long long nz, double sum_w,
@@ -341,11 +349,7 @@ __global__ void __launch_bounds__(kScanThreads) ce_scan_kernel(const CeParams p,
   }
   if (!last_block_done(&a.scan->done)) return;
   double sum_w = static_cast<double>(p.classes);
-  if (a.w != nullptr) {
-    double s = 0;
-    for (int64_t c = threadIdx.x; c < p.classes; c += blockDim.x) s += static_cast<double>(a.w[c]);
-    sum_w = block_reduce<kScanThreads>(s, Plus{});
-  }
+  if (a.w != nullptr) sum_w = block_reduce<kScanThreads>(lane_weight_sum(a.w, p.classes, threadIdx.x), Plus{});
   if (threadIdx.x != 0) return;
   const volatile double* pw = a.part_w;
   const volatile long long* pc = a.part_counted;
@@ -382,6 +386,14 @@ __global__ void __launch_bounds__(kScanThreads)
   if (z_loss != nullptr) *z_loss = static_cast<Acc>(mean ? z / scan->denominator : z);
 }
 
+// The scan inline (DeviceSteps::inline_scan, a small batch): the row kernel tallies every row's target itself
+// (inline_scan), and block 0 writes the record's `bad` for the read-back. record nullptr: the scan ran on the stream.
+struct InlineScan {
+  CeScan* record = nullptr;
+  const void* grad_scalar = nullptr;  // Acc scalar or nullptr (1)
+  bool mean = false, split_mean = false;
+};
+
 template <class T>
 struct CeKernelArgs {
   CeParams p;               // device pointers, but for p.weight (see w), the host-side block sums and device_call
@@ -397,54 +409,56 @@ struct CeKernelArgs {
   math::AccOf<T>* z_loss = nullptr;
   unsigned* reduce_done = nullptr;
   bool mean = false;
-  // The scan inline (DeviceSteps::inline_scan, a small batch; scan is then nullptr): every block tallies every row's
-  // target itself (inline_scan), and block 0 writes the record's `bad` for the read-back.
-  CeScan* record = nullptr;
-  const void* grad_scalar = nullptr;
-  bool split_mean = false;
+  InlineScan in{};  // with in.record, scan is nullptr
 };
 
-// The scan of a small batch inside each block of the row kernel: every block tallies all p.rows targets (at most
+// The scan of a small batch inside each block of a row kernel: every block tallies all p.rows targets (at most
 // kInlineScanRows reads, from L2 after the first block) and, with label smoothing, the class weights (which its rows
 // read anyway). The sums take ce_scan_kernel's order for one scan block (kScanThreads lanes, each its strided rows or
-// classes in order, then block_reduce's tree at that width), whatever this block's size, so the record has the bits
-// the general path's has (an eager call and a captured one agree) and every block holds the same.
-template <class T>
-__device__ CeScan inline_scan(const CeKernelArgs<T>& a) {
-  using Acc = math::AccOf<T>;
-  const CeParams& p = a.p;
-  __shared__ double lane_tw[kScanThreads], lane_sw[kScanThreads];
-  const bool smoothing_weights = a.w != nullptr && p.eps != 0.0;  // sum_w is used with label smoothing alone
+// classes in order, then block_reduce's tree at that width: tree_fold), whatever this block's size, so the record has
+// the bits the general path's has (an eager call and a captured one agree) and every block holds the same. Block 0
+// writes the record's `bad`.
+template <class Acc>
+__device__ CeScan inline_scan(const CeParams& p, const Acc* w, const InlineScan& in) {
+  struct Sums {
+    double tw, sw;
+  };
+  __shared__ Sums lanes[kScanThreads];
+  const bool smoothing_weights = w != nullptr && p.eps != 0.0;  // sum_w is used with label smoothing alone
   Tally mine{0, 0, 0, LLONG_MAX};
   for (int v = threadIdx.x; v < kScanThreads; v += blockDim.x) {
-    const Tally t = tally_targets(p, a.w, v, p.rows, kScanThreads);
-    lane_tw[v] = t.tw;
+    const Tally t = tally_targets(p, w, v, p.rows, kScanThreads);
+    lanes[v] = {t.tw, smoothing_weights ? lane_weight_sum(w, p.classes, v) : 0.0};
     mine.counted += t.counted;
     mine.weighted += t.weighted;
     mine.first_bad = Min{}(mine.first_bad, t.first_bad);
-    double sw = 0;
-    if (smoothing_weights) {
-      for (int64_t c = v; c < p.classes; c += kScanThreads) sw += static_cast<double>(a.w[c]);
-    }
-    lane_sw[v] = sw;
   }
-  for (int w = kScanThreads / 2; w > 0; w /= 2) {  // block_reduce<kScanThreads>'s tree
-    __syncthreads();
-    for (int t = threadIdx.x; t < w; t += blockDim.x) {
-      lane_tw[t] = lane_tw[t] + lane_tw[t + w];
-      lane_sw[t] = lane_sw[t] + lane_sw[t + w];
-    }
-  }
-  __syncthreads();
+  tree_fold<kScanThreads>(lanes, kScanThreads, [](const Sums& x, const Sums& y) {
+    return Sums{x.tw + y.tw, x.sw + y.sw};
+  });
   const Tally n = warp_tree_reduce(mine, [](const Tally& x, const Tally& y) {
     return Tally{0, x.counted + y.counted, x.weighted + y.weighted, Min{}(x.first_bad, y.first_bad)};
   });
   CeScan s{};
   s.bad = n.first_bad == LLONG_MAX ? 0 : static_cast<unsigned long long>(p.rows - n.first_bad);
-  const double total = 0.0 + lane_tw[0];  // as ce_scan_kernel's sum over its one block
-  complete_scan<Acc>(p, total, n.counted, n.weighted, smoothing_weights ? lane_sw[0] : static_cast<double>(p.classes),
-                     a.grad_scalar, a.mean, a.split_mean, s);
+  const double total = 0.0 + lanes[0].tw;  // as ce_scan_kernel's sum over its one block
+  complete_scan<Acc>(p, total, n.counted, n.weighted, smoothing_weights ? lanes[0].sw : static_cast<double>(p.classes),
+                     in.grad_scalar, in.mean, in.split_mean, s);
+  if (blockIdx.x == 0 && threadIdx.x == 0) in.record->bad = s.bad;
   return s;
+}
+
+// The record a row kernel goes by, in every thread (a block-wide step: call it from every thread): the stream's scan or
+// the kernel's own (inline_scan); false: the call has neither.
+template <class Acc>
+__device__ bool read_record(const CeParams& p, const Acc* w, const CeScan* scan, const InlineScan& in, CeScan& out) {
+  if (in.record != nullptr) {
+    out = inline_scan(p, w, in);
+    return true;
+  }
+  if (scan == nullptr) return false;
+  out = *scan;
+  return true;
 }
 
 // kSums: label smoothing or soft targets (the position-dependent sums); kCap: softcap on; kKeep: a fused call whose
@@ -470,14 +484,7 @@ __global__ void __launch_bounds__(kKeep ? kMaxRowThreads : kMaxWideThreads, kKee
   // uniform over the grid: a held gradient stands at an upstream value of 1
   if (a.held_scalar != nullptr && *static_cast<const Acc*>(a.held_scalar) == Acc(1)) return;
   double den = 0, loss_den = 0;  // the folded reduction's
-  if (a.record != nullptr || a.scan != nullptr) {
-    CeScan s;
-    if (a.record != nullptr) {
-      s = inline_scan(a);
-      if (blockIdx.x == 0 && threadIdx.x == 0) a.record->bad = s.bad;
-    } else {
-      s = *a.scan;
-    }
+  if (CeScan s; read_record(p, a.w, a.scan, a.in, s)) {
     if (a.skip_bad && s.bad != 0) return;  // uniform over the grid: nothing is written
     grad_scale = s.grad_scale;
     rp.sum_w = static_cast<Acc>(s.sum_w);
@@ -666,34 +673,47 @@ __global__ void __launch_bounds__(kKeep ? kMaxRowThreads : kMaxWideThreads, kKee
 
 // ---- NLL ------------------------------------------------------------------------------------------------------
 
+// Rows grid-strided, one a thread. Inline (in.record, a small batch): one block of kScanThreads threads, which scans
+// the targets itself and, given loss, sums the rows' losses into it in reduce_rows_kernel's order for one block
+// (thread t's rows t, t + kScanThreads, ... in order, then the block's tree): one launch, the general path's bits.
 template <class T>
-__global__ void nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, double* row_loss, const CeScan* scan,
-                                   bool skip_bad) {
+__global__ void __launch_bounds__(kScanThreads)
+    nll_forward_kernel(const CeParams p, const math::AccOf<T>* w, double* row_loss, const CeScan* scan, bool skip_bad,
+                       const InlineScan in, math::AccOf<T>* loss_out) {
   using Acc = math::AccOf<T>;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= p.rows || (skip_bad && scan->bad != 0)) return;
-  const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
-  Acc loss = 0;  // ignored rows contribute exactly 0 (never 0 * x)
-  if (y != p.ignore_index) {
-    if (y >= 0 && y < p.classes) {
-      const Acc w_y = w != nullptr ? w[y] : Acc(1);
-      loss = -w_y * to_acc(static_cast<const T*>(p.logits)[p.index.offset(core::kLogitsRow, r) + y * p.x_cstride]);
-    } else {
-      loss = static_cast<Acc>(NAN);
+  CeScan s{};
+  if (read_record(p, w, scan, in, s) && skip_bad && s.bad != 0) return;  // uniform over the grid: nothing written
+  double mine = 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < p.rows; r += step) {
+    const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
+    Acc loss = 0;  // ignored rows contribute exactly 0 (never 0 * x)
+    if (y != p.ignore_index) {
+      if (y >= 0 && y < p.classes) {
+        const Acc w_y = w != nullptr ? w[y] : Acc(1);
+        loss = -w_y * to_acc(static_cast<const T*>(p.logits)[p.index.offset(core::kLogitsRow, r) + y * p.x_cstride]);
+      } else {
+        loss = static_cast<Acc>(NAN);
+      }
     }
+    if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
+    if (row_loss != nullptr) row_loss[r] = static_cast<double>(loss);
+    mine += static_cast<double>(loss);
   }
-  if (p.loss_rows != nullptr) static_cast<Acc*>(p.loss_rows)[r] = loss;
-  if (row_loss != nullptr) row_loss[r] = static_cast<double>(loss);
+  if (loss_out == nullptr) return;
+  const double l = 0.0 + block_reduce<kScanThreads>(mine, Plus{});  // 0 + the one block's partial, as the fold's
+  if (threadIdx.x == 0) *loss_out = static_cast<Acc>(in.mean ? l / s.loss_denominator : l);
 }
 
 template <class T>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    nll_backward_kernel(const CeParams p, const math::AccOf<T>* w, const CeScan* scan, bool skip_bad) {
+    nll_backward_kernel(const CeParams p, const math::AccOf<T>* w, const CeScan* scan, bool skip_bad,
+                        const InlineScan in) {
   using Acc = math::AccOf<T>;
   double grad_scale = p.grad_scale;
-  if (scan != nullptr) {
-    if (skip_bad && scan->bad != 0) return;
-    grad_scale = scan->grad_scale;
+  if (CeScan s; read_record(p, w, scan, in, s)) {
+    if (skip_bad && s.bad != 0) return;
+    grad_scale = s.grad_scale;
   }
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int64_t y = core::read_target(p.target, p.target_dtype, p.index.offset(core::kTargetRow, r));
@@ -796,15 +816,16 @@ std::vector<Operand> operands(const CeParams& p, const char* first) {
 // at construction; finish() reads the first bad target back into the call (not when reports_bad_values() is false,
 // where nothing synchronises and a bad row is NaN instead, nor for a held gradient's call, whose targets were checked).
 //
-// may_inline: the call's rows go through one row kernel (a whole call, CeDeviceRows::rows_reduced), so a small batch
-// (kInlineScanRows, not under stream capture) leaves the scan to it: no memset and no scan kernel here.
+// may_inline: the call's rows go through one row kernel (a whole call: CeDeviceRows::rows_reduced, nll_run), so a
+// small batch (kInlineScanRows, not under stream capture) leaves the scan to it: no memset and no scan kernel here.
 template <class Acc>
 class DeviceSteps {
  public:
-  DeviceSteps(const CeParams& p, bool may_inline)
+  DeviceSteps(const CeParams& p, bool may_inline) : DeviceSteps(p, may_inline, stream_capturing()) {}
+  DeviceSteps(const CeParams& p, bool may_inline, bool capturing)
       : call_(*p.device_call),
-        no_read_back_(call_.held || !reports_bad_values()),
-        inline_(may_inline && small_batch_path() && p.rows > 0 && p.rows <= kInlineScanRows && !stream_capturing()),
+        no_read_back_(call_.held || !reports_bad_values(capturing)),
+        inline_(may_inline && small_batch_path() && p.rows > 0 && p.rows <= kInlineScanRows && !capturing),
         weights_(call_.weight != nullptr ? static_cast<std::size_t>(p.classes) : 0),
         scan_(1),
         grid_(inline_ ? 0 : scan_grid(p.rows)),
@@ -823,10 +844,13 @@ class DeviceSteps {
   }
   [[nodiscard]] const Acc* weights() const noexcept { return weights_.get(); }
   [[nodiscard]] bool inline_scan() const noexcept { return inline_; }
-  [[nodiscard]] CeScan* scan() const noexcept { return scan_.get(); }
+  // The stream's scan record, or nullptr when the row kernel scans (inline_args).
+  [[nodiscard]] const CeScan* scan() const noexcept { return inline_ ? nullptr : scan_.get(); }
+  [[nodiscard]] InlineScan inline_args() const noexcept {
+    if (!inline_) return {};
+    return {scan_.get(), call_.grad_scalar, call_.reduction == Reduction::mean, call_.split_mean};
+  }
   [[nodiscard]] unsigned* reduce_done() const { return inline_ ? stream_counter() : &scan_.get()->reduce_done; }
-  [[nodiscard]] const void* grad_scalar() const noexcept { return call_.grad_scalar; }
-  [[nodiscard]] bool split_mean() const noexcept { return call_.split_mean; }
   [[nodiscard]] bool reduced() const noexcept { return call_.loss != nullptr || call_.z_loss != nullptr; }
   [[nodiscard]] bool mean() const noexcept { return call_.reduction == Reduction::mean; }
   [[nodiscard]] void* loss() const noexcept { return call_.loss; }
@@ -912,26 +936,31 @@ void ce_scale(const CeParams& p) {
   check_launch("ce_scale_kernel");
 }
 
+// A small batch (DeviceSteps::inline_scan) is one launch: its forward one block (nll_forward_kernel), its backward
+// the row blocks, each scanning the targets itself.
 template <class T>
 void nll_run(const CeParams& p) {
   using Acc = math::AccOf<T>;
   const bool reduced = p.device_call->loss != nullptr;
   if (p.rows == 0 && !reduced) return;
   const DeviceScope scope(operands(p, "input"));
-  DeviceSteps<Acc> steps(p, false);
+  DeviceSteps<Acc> steps(p, true);
   CeParams q = p;
   q.device_call = nullptr;
   if (p.mode == CeMode::forward) {
-    const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
+    const bool one_block = steps.inline_scan();
+    const Scratch<double> rows_loss(reduced && !one_block ? static_cast<std::size_t>(p.rows) : 0);
     if (p.rows > 0) {
-      nll_forward_kernel<T><<<static_cast<unsigned>((p.rows + 255) / 256), 256, 0, stream()>>>(
-          q, steps.weights(), rows_loss.get(), steps.scan(), steps.skip_bad());
+      const auto grid = static_cast<unsigned>(one_block ? 1 : (p.rows + kScanThreads - 1) / kScanThreads);
+      nll_forward_kernel<T><<<grid, kScanThreads, 0, stream()>>>(
+          q, steps.weights(), rows_loss.get(), steps.scan(), steps.skip_bad(), steps.inline_args(),
+          one_block ? static_cast<Acc*>(p.device_call->loss) : nullptr);
       check_launch("nll_forward_kernel");
     }
-    if (reduced) steps.reduce(rows_loss.get(), nullptr, p.rows);
+    if (reduced && !one_block) steps.reduce(rows_loss.get(), nullptr, p.rows);
   } else if (p.rows > 0) {
-    nll_backward_kernel<T>
-        <<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(q, steps.weights(), steps.scan(), steps.skip_bad());
+    nll_backward_kernel<T><<<row_grid(p.rows), row_threads(p.classes), 0, stream()>>>(
+        q, steps.weights(), steps.scan(), steps.skip_bad(), steps.inline_args());
     check_launch("nll_backward_kernel");
   }
   steps.finish(p);
@@ -995,12 +1024,7 @@ void CeDeviceRows::launch_rows(const CeParams& chunk, int64_t r0, bool fold) {
     const core::CeDeviceCall& call = *impl_->whole.device_call;
     if (call.held) a.held_scalar = call.grad_scalar;
     a.mean = steps.mean();
-    if (steps.inline_scan()) {  // a whole call (rows_reduced, fold): the kernel scans the targets itself
-      a.scan = nullptr;
-      a.record = steps.scan();
-      a.grad_scalar = steps.grad_scalar();
-      a.split_mean = steps.split_mean();
-    }
+    a.in = steps.inline_args();  // a whole call (rows_reduced, fold) of a small batch: the kernel scans the targets
     if (fold && impl_->reduced) {
       a.loss = static_cast<Acc*>(steps.loss());
       a.z_loss = static_cast<Acc*>(steps.z_loss());

@@ -104,7 +104,8 @@ inline bool stream_capturing() {
 // Whether a device call reads its check record back to raise the CPU's error for a bad value: not under stream
 // capture, nor under CudaCheck::nan (lossfuse::set_cuda_check). Otherwise nothing is read back and a bad value's
 // outputs are NaN.
-inline bool reports_bad_values() { return cuda_check() == CudaCheck::report && !stream_capturing(); }
+inline bool reports_bad_values(bool capturing) { return cuda_check() == CudaCheck::report && !capturing; }
+inline bool reports_bad_values() { return reports_bad_values(stream_capturing()); }
 
 // The current device's scratch pool: lossfuse's own stream-ordered pool, which keeps up to 64 MiB of what it frees
 // (scratch is small: a few values per row or class), so a call's allocations cost no driver mapping once warm. Used

@@ -1,5 +1,5 @@
-// What a cross-entropy call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a small batch's
-// forward or fused call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan and folded
+// What a cross-entropy or NLL call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a small batch's
+// forward, fused or NLL call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan and folded
 // reduction), eagerly with its one read-back and under CudaCheck::nan with none; a large batch takes the general path
 // (a memset, the scan kernel, the row kernel). Each call's values are checked against the float64 reference too, so
 // a launch saved at the cost of a wrong value fails here.
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/ce_specs.hpp"
+#include "cpu/nll_harness.hpp"
 #include "cuda/cuda_memory.hpp"
 
 namespace lftest::ce {
@@ -134,6 +135,60 @@ TEST_F(LaunchCount, WeightsAddTheirConversion) {
   check_forward(p, f.loss, &f.lse, nullptr, "forward");
   EXPECT_EQ(a.kernels, 2u);
   EXPECT_EQ(a.memsets, 0u);
+}
+
+// nll_forward and nll_backward, checked: each one launch and no memset up to kInlineScanRows rows (the forward one
+// block), in every layout and target dtype; beyond, the general path's memset, scan, row kernel (and reduction).
+TEST_F(LaunchCount, NllSmallBatchIsOneLaunch) {
+  struct Case {
+    std::vector<std::int64_t> shape;
+    DType dt, tdt;
+    Reduction red;
+    std::uint64_t forward_kernels, backward_kernels, memsets;
+  };
+  const std::vector<Case> cases = {
+      {{32, 32000}, DType::f32, DType::i64, Reduction::mean, 1, 1, 0},
+      {{1024, 100}, DType::bf16, DType::u8, Reduction::sum, 1, 1, 0},
+      {{300, 50}, DType::f64, DType::i32, Reduction::none, 1, 1, 0},
+      {{7, 3, 5}, DType::f16, DType::i16, Reduction::mean, 1, 1, 0},
+      {{1025, 20}, DType::f32, DType::i64, Reduction::mean, 3, 2, 1},
+  };
+  for (const Case& c : cases) {
+    nll::Spec s;
+    s.name = "nll_launch_count";
+    s.dt = c.dt;
+    s.tdt = c.tdt;
+    s.shape = c.shape;
+    s.red = c.red;
+    s.ignore_frac = c.tdt == DType::u8 ? 0.0 : 0.1;  // ignore_index -100 is no uint8 value
+    SCOPED_TRACE(s.name + " " + std::to_string(c.shape[0]) + " rows, " + std::string(lossfuse::dtype_name(c.dt)));
+    nll::Problem p = nll::build(s);
+    Tensor loss = Tensor::make(p.acc(), s.red == Reduction::none ? p.rshape : std::vector<std::int64_t>{},
+                               Layout::contiguous, kSentinel);
+    Tensor grad = Tensor::make(s.dt, s.shape, Layout::contiguous, kSentinel);
+    Mirror m(&kCuda);
+    const TensorView input = m(p.input), target = m(p.target), l = m(loss), g = m(grad);
+    const std::optional<TensorView> up = m(p.grad_loss);
+    lfemu::Counts before = lfemu::counts();
+    lossfuse::nll_forward(input, target, p.options(), l);
+    const Asked fwd = since(before);
+    before = lfemu::counts();
+    lossfuse::nll_backward(input, target, up, p.options(), g);
+    const Asked bwd = since(before);
+    m.download();
+    EXPECT_EQ(fwd.kernels, c.forward_kernels);
+    EXPECT_EQ(bwd.kernels, c.backward_kernels);
+    EXPECT_EQ(fwd.memsets, c.memsets);
+    EXPECT_EQ(bwd.memsets, c.memsets);
+    EXPECT_EQ(fwd.copies, 1u);
+    EXPECT_EQ(bwd.copies, 1u);
+    if (s.red == Reduction::none) {
+      EXPECT_TRUE(close_all("loss", loss.values(), p.ref.row_loss, p.ref.row_loss_tol, p.acc()));
+    } else {
+      EXPECT_TRUE(close_one("loss", loss.get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
+    }
+    EXPECT_TRUE(close_all("grad", gather_rows(grad), p.ref.grad, p.ref.grad_tol, s.dt));
+  }
 }
 
 }  // namespace
