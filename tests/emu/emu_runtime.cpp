@@ -4,7 +4,10 @@
 //   access past the guard pages' bounds stops the process with the allocation named, and a write into the slack next to
 //   a buffer is found after the operation that made it;
 // - copies and memsets must lie inside one allocation of the kind their direction names;
-// - the threads of a block must meet at the same barrier, and a warp's shuffle needs every lane its mask names;
+// - the threads of a block must meet at the same barrier, none having exited before it (undefined on a device), and a
+//   warp's shuffle needs every lane its mask names;
+// - memory a capture allocates is refilled with 0xff at every launch of a graph made from it (its contents are
+//   undefined at each replay), so a replay that depends on an earlier one's leftovers shows it;
 // - in a thread under global capture mode, while a stream captures, synchronising calls fail and invalidate the capture
 //   (CUDA's rule), and so does a copy between pageable host memory and a capturing stream.
 #include <signal.h>
@@ -43,6 +46,7 @@ struct CUstream_st {
 // Allocations made or freed under a capture: kept until the graph and every exec made from it are gone.
 struct GraphMemory {
   std::vector<void*> ptrs;
+  std::vector<std::pair<void*, std::size_t>> made;  // allocated under the capture: refilled at each launch
   GraphMemory() = default;
   GraphMemory(const GraphMemory&) = delete;
   GraphMemory& operator=(const GraphMemory&) = delete;
@@ -395,12 +399,15 @@ bool run_block(Block& b, unsigned n) {
       ran = true;
     }
     // Block barrier: every live thread there, at one site.
-    unsigned live = 0, at_block = 0;
+    unsigned live = 0, at_block = 0, exited = 0;
     const void* site = nullptr;
     bool mixed = false;
     int any = 0;
     for (const Fiber& f : b.fibers) {
-      if (f.state == State::done) continue;
+      if (f.state == State::done) {
+        ++exited;
+        continue;
+      }
       ++live;
       if (f.state == State::at_block) {
         ++at_block;
@@ -422,6 +429,12 @@ bool run_block(Block& b, unsigned n) {
       return false;
     }
     bool released = false;
+    if (at_block == live && exited > 0) {
+      fail("a __syncthreads in " + describe_block() + " (" + static_cast<const char*>(site) + ") is reached after " +
+           std::to_string(exited) + " of its threads exited (undefined on a device)");
+      kernel_error = cudaErrorLaunchFailure;
+      return false;
+    }
     if (at_block == live) {
       b.barrier_result = any;
       for (Fiber& f : b.fibers) {
@@ -875,6 +888,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (exec == nullptr) return note(cudaErrorInvalidValue);
+  const cudaError_t fill = enqueue(s, [m = exec->memory] {  // the memory nodes: contents undefined at each replay
+    for (const auto& [p, bytes] : m->made) std::memset(p, kFresh, bytes);
+  });
+  if (fill != cudaSuccess) return fill;
   for (const auto& node : exec->nodes) {
     const cudaError_t e = enqueue(s, node);
     if (e != cudaSuccess) return e;
@@ -901,7 +918,10 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 cudaError_t cudaMallocFromPoolAsync(void** p, std::size_t bytes, cudaMemPool_t, cudaStream_t s) {
   *p = allocate(bytes, false);
   if (*p == nullptr) return note(cudaErrorMemoryAllocation);
-  if (of(s)->capturing) of(s)->graph->memory->ptrs.push_back(*p);  // the graph's until it goes
+  if (of(s)->capturing) {  // the graph's until it goes
+    of(s)->graph->memory->ptrs.push_back(*p);
+    of(s)->graph->memory->made.emplace_back(*p, bytes);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t s) {

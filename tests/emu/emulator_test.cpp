@@ -111,6 +111,48 @@ TEST(Emulator, FreshMemoryIsNaN) {
   for (const float f : buf.read<float>()) EXPECT_TRUE(std::isnan(f));
 }
 
+// The upper warp exits; the lower one then waits at a barrier.
+void barrier_after_exit(int*) {
+  if (threadIdx.x >= 32) return;
+  __syncthreads();
+}
+
+TEST(Emulator, BarrierAfterExitFails) {
+  EXPECT_EQ(launch(64, barrier_after_exit, static_cast<int*>(nullptr)), cudaErrorLaunchFailure);
+}
+
+// Reads the first int of scratch memory, then leaves 5 there.
+void read_then_set(int* scratch, int* out) {
+  out[0] = scratch[0];
+  scratch[0] = 5;
+}
+
+// Memory a capture allocates is undefined at each replay: both replays see fresh bytes (0xff...), not the first
+// replay's 5.
+TEST(Emulator, GraphMemoryIsFreshAtEachReplay) {
+  Device out(sizeof(int));
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&scratch, sizeof(int), s), cudaSuccess);
+  ::lfemu::Launch(dim3(1), dim3(1), 0, s)([](int* a, int* b) { read_then_set(a, b); }, static_cast<int*>(scratch),
+                                          static_cast<int*>(out.p));
+  ASSERT_EQ(cudaFreeAsync(scratch, s), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(out.read<int>()[0], -1) << "replay " << replay;
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 TEST(Emulator, CountsWhatIsAsked) {
   Device out(2 * 64 * sizeof(int));
   const lfemu::Counts before = lfemu::counts();
