@@ -4,9 +4,10 @@
 // over the tile; any strides, stride-0 broadcast operands, 16-bit storage through math::Io. Every call is a device
 // call (core::PwDeviceCall): the upstream scalar, the weights' sum, the loss and the value check stay on the device.
 // Reductions: each thread sums its elements in double, the block combines the threads in a fixed tree into the tile's
-// sum, and one block sums the tiles in a fixed order: the same bits on every run, no floating-point atomics. A
-// backward given a loss output too (the fused entries) writes the forward's loss in the same pass. Only a call with a
-// value check (bce, gaussian_nll) reads anything back (its 4-byte flag), and none under stream capture.
+// sum, and the pass's last block to finish sums the tiles in a fixed order: the same bits on every run, no
+// floating-point atomics. A backward given a loss output too (the fused entries) writes the forward's loss in the same
+// pass. Only a call with a value check (bce, gaussian_nll) reads anything back (its 4-byte flag), and none under stream
+// capture. An unchecked, unweighted call is one launch (a reduced backward computes its scale in the pass).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,9 +28,10 @@ using std::int64_t;
 
 constexpr int kThreads = 256;
 
-// A call's record on the device, zeroed before its first kernel.
+// A call's record on the device, zeroed before its first kernel when a field below needs it (bad, done).
 struct PwRecord {
   unsigned bad;       // some element failed the value check (an integer OR: the same on every run)
+  unsigned done;      // the reducing pass's finished blocks, under stream capture (else stream_counter)
   double weight_sum;  // a reduced backward's weighted 'mean': the weights' sum (pw_scale_kernel)
   double grad_scale;  // a reduced backward: the upstream scalar, over the 'mean' denominator (pw_scale_kernel)
 };
@@ -44,7 +46,42 @@ struct PwPass {
   bool poison;          // nothing is read back to raise the error (reports_bad_values)
   bool scaled;          // a reduced backward: the gradient's scale is rec->grad_scale, else 1
   const void* skip_if;  // held gradients: the upstream scalar (Acc); the pass does nothing when it is 1
+  // scaled without pw_scale_kernel (no weights' sum needed): the scale is grad_scale_of(grad_scalar, mean,
+  // denominator), computed in the pass.
+  bool scale_here = false;
+  const void* grad_scalar = nullptr;
+  // The reduction folded into the pass (loss non-null): its last block to finish (counted on `done`) sums tile_loss
+  // (and tile_weight) into the one-element loss, as reduce_tiles says.
+  void* loss = nullptr;
+  unsigned* done = nullptr;
+  bool mean = false, weight_mean = false;
+  double denominator = 1;
 };
+
+// A reduced backward's gradient scale: the upstream scalar (nullptr: 1), over the 'mean' denominator.
+template <class Acc>
+__device__ double grad_scale_of(const Acc* grad_scalar, bool mean, double denominator) {
+  const double g = grad_scalar != nullptr ? static_cast<double>(*grad_scalar) : 1.0;
+  return mean ? g / denominator : g;
+}
+
+// The one-element loss from the tiles' sums (call from every thread of one block, the last of its pass): in a fixed
+// order, over the 'mean' denominator (`denominator`; with weight_mean the weights' sum, from tile_weight, else from
+// the record). A flagged call (checked: the record's bad is live) writes nothing, or NaN under capture (`poison`).
+// 'mean' of nothing is 0 / 0 = NaN, as on the CPU.
+template <class Acc>
+__device__ void reduce_tiles(const double* tile_loss, const double* tile_weight, int64_t tiles, const PwRecord* rec,
+                             bool checked, bool mean, bool weight_mean, double denominator, bool poison, Acc* loss) {
+  const double l = ordered_sum<kThreads>(tile_loss, tiles);
+  const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
+  if (threadIdx.x != 0) return;
+  if (checked && __ldcg(&rec->bad) != 0) {  // other blocks' flags (last_block_done made them visible)
+    if (poison) *loss = static_cast<Acc>(NAN);
+    return;
+  }
+  if (weight_mean) denominator = tile_weight != nullptr ? ws : rec->weight_sum;
+  *loss = static_cast<Acc>(mean ? l / denominator : l);
+}
 
 template <class Loss, class T>
 __global__ void __launch_bounds__(kThreads)
@@ -69,7 +106,10 @@ __global__ void __launch_bounds__(kThreads)
   T* GZ = static_cast<T*>(const_cast<void*>(p.ptr[core::kPwGZ]));
   const Acc* GO = static_cast<const Acc*>(p.ptr[core::kPwGO]);
   Acc* loss_rows = static_cast<Acc*>(p.loss_rows);
-  const Acc gscale = a.scaled ? static_cast<Acc>(a.rec->grad_scale) : Acc(1);
+  const Acc gscale =
+      !a.scaled      ? Acc(1)
+      : a.scale_here ? static_cast<Acc>(grad_scale_of(static_cast<const Acc*>(a.grad_scalar), a.mean, a.denominator))
+                     : static_cast<Acc>(a.rec->grad_scale);
   const Acc nan = static_cast<Acc>(NAN);
   const bool want_loss = loss_rows != nullptr || a.tile_loss != nullptr;  // (with p.backward: the fused entries)
   const bool checking = a.check && p.check != core::PwCheck::none;
@@ -124,6 +164,9 @@ __global__ void __launch_bounds__(kThreads)
       if (any_bad != 0) atomicOr(&a.rec->bad, 1u);
     }
   }
+  if (a.loss == nullptr || !last_block_done(a.done)) return;
+  reduce_tiles<Acc>(a.tile_loss, a.tile_weight, tiles, a.rec, a.check || a.gated, a.mean, a.weight_mean, a.denominator,
+                    a.poison, static_cast<Acc*>(a.loss));
 }
 
 // A reduced backward's gradient scale into the record: the upstream scalar (nullptr: 1), over the 'mean' denominator:
@@ -136,26 +179,7 @@ __global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_w
   const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
   if (threadIdx.x != 0) return;
   if (tile_weight != nullptr) rec->weight_sum = denominator = ws;
-  const double g = grad_scalar != nullptr ? static_cast<double>(*grad_scalar) : 1.0;
-  rec->grad_scale = mean ? g / denominator : g;
-}
-
-// The one-element loss: the tiles' sums in a fixed order, over the 'mean' denominator (`denominator`; with
-// weight_mean the weights' sum, from tile_weight, else from the record). A flagged call writes nothing, or NaN under
-// capture (`poison`). 'mean' of nothing is 0 / 0 = NaN, as on the CPU.
-template <class Acc>
-__global__ void __launch_bounds__(kThreads)
-    pw_reduce_kernel(const double* tile_loss, const double* tile_weight, int64_t tiles, const PwRecord* rec,
-                     bool mean, bool weight_mean, double denominator, bool poison, Acc* loss) {
-  const double l = ordered_sum<kThreads>(tile_loss, tiles);
-  const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
-  if (threadIdx.x != 0) return;
-  if (rec->bad != 0) {
-    if (poison) *loss = static_cast<Acc>(NAN);
-    return;
-  }
-  if (weight_mean) denominator = tile_weight != nullptr ? ws : rec->weight_sum;
-  *loss = static_cast<Acc>(mean ? l / denominator : l);
+  rec->grad_scale = grad_scale_of(grad_scalar, mean, denominator);
 }
 
 }  // namespace
@@ -170,17 +194,25 @@ void pointwise_run(const PwParams& p) {
   for (int v = 1; v < core::kPwViews; ++v) operands.emplace_back(p.ptr[v], names[v]);
   operands.insert(operands.end(), {{p.loss_rows, "loss"}, {call.loss, "loss"}, {call.grad_scalar, "grad_loss"}});
   const DeviceScope scope(operands);
-  const bool poison = !reports_bad_values();  // nothing read back: a flagged call's outputs are NaN
+  const bool capturing = stream_capturing();
+  const bool poison = !reports_bad_values(capturing);  // nothing read back: a flagged call's outputs are NaN
   const bool checking = call.check != core::PwCheck::none;
   const bool reduced = call.reduction != Reduction::none, mean = call.reduction == Reduction::mean;
   // A reduced forward checks in its own pass (it writes only the loss, after it); the rest after a check pass.
   const bool check_in_pass = checking && reduced && !p.backward;
   const bool weights = call.weight_mean && p.ptr[core::kPwW] != nullptr;
+  const bool scaled = p.backward && reduced;
+  const bool scale_kernel = scaled && weights;  // the weights' sum first: else the pass computes its scale
+  const bool folded = call.loss != nullptr;
   const Scratch<PwRecord> rec(1);
-  const Scratch<double> tile_loss(call.loss != nullptr ? static_cast<std::size_t>(tiles) : 0);
+  const Scratch<double> tile_loss(folded ? static_cast<std::size_t>(tiles) : 0);
   const Scratch<double> tile_weight(weights ? static_cast<std::size_t>(tiles) : 0);
-  check(cudaMemsetAsync(rec.get(), 0, sizeof(PwRecord), stream()), "cudaMemsetAsync (pointwise record)");
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 30));
+  // Zeroed for the check's flag, or for the fold's count under capture (a graph may replay on another stream, so a
+  // captured call counts on its own record; an eager one on stream_counter).
+  if (checking || (folded && capturing)) {
+    check(cudaMemsetAsync(rec.get(), 0, sizeof(PwRecord), stream()), "cudaMemsetAsync (pointwise record)");
+  }
+  const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, int64_t{1} << 30));
   // A forward-direction pass over the operands alone (no output written): the check's, or the weights' sum.
   PwParams reads = p;
   reads.backward = false;
@@ -193,7 +225,7 @@ void pointwise_run(const PwParams& p) {
       using T = decltype(storage);
       using Acc = math::AccOf<T>;
       auto launch = [&](const PwParams& q, const PwPass& a) {
-        if (tiles == 0) return;
+        if (tiles == 0 && a.loss == nullptr) return;  // (a folded reduction still writes the loss of nothing)
         pointwise_kernel<Loss, T><<<grid, kThreads, 0, stream()>>>(q, a);
         check(cudaGetLastError(), "pointwise_kernel");
       };
@@ -201,25 +233,33 @@ void pointwise_run(const PwParams& p) {
       if (checking && !check_in_pass) {
         launch(reads, {nullptr, nullptr, rec.get(), true, false, poison, false, skip_if});
       }
-      const bool scaled = p.backward && reduced;
-      if (scaled) {
-        if (weights) launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, poison, false, skip_if});
-        pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(weights ? tile_weight.get() : nullptr, tiles, rec.get(),
+      if (scale_kernel) {
+        launch(reads, {nullptr, tile_weight.get(), rec.get(), false, false, poison, false, skip_if});
+        pw_scale_kernel<Acc><<<1, kThreads, 0, stream()>>>(tile_weight.get(), tiles, rec.get(),
                                                            static_cast<const Acc*>(call.grad_scalar), mean,
                                                            call.denominator, static_cast<const Acc*>(skip_if));
         check(cudaGetLastError(), "pw_scale_kernel");
       }
       PwParams q = p;
       q.check = check_in_pass ? call.check : core::PwCheck::none;
-      double* forward_weights = weights && !p.backward ? tile_weight.get() : nullptr;
-      launch(q, {tile_loss.get(), forward_weights, rec.get(), check_in_pass, checking && !check_in_pass, poison, scaled,
-                 skip_if});
-      if (call.loss != nullptr) {
-        pw_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(tile_loss.get(), forward_weights, tiles, rec.get(), mean,
-                                                            weights, call.denominator, poison,
-                                                            static_cast<Acc*>(call.loss));
-        check(cudaGetLastError(), "pw_reduce_kernel");
+      PwPass a{tile_loss.get(),
+               weights && !p.backward ? tile_weight.get() : nullptr,
+               rec.get(),
+               check_in_pass,
+               checking && !check_in_pass,
+               poison,
+               scaled,
+               skip_if};
+      a.scale_here = scaled && !scale_kernel;
+      a.grad_scalar = call.grad_scalar;
+      a.mean = mean;
+      a.weight_mean = weights;
+      a.denominator = call.denominator;
+      if (folded) {
+        a.loss = call.loss;
+        a.done = capturing ? &rec.get()->done : stream_counter();
       }
+      launch(q, a);
     });
   });
   if (!checking || poison) return;

@@ -1,17 +1,19 @@
-// What a cross-entropy or NLL call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a small batch's
-// forward, fused or NLL call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan and folded
-// reduction), eagerly with its one read-back and under CudaCheck::nan with none; a large batch takes the general path
-// (a memset, the scan kernel, the row kernel). Each call's values are checked against the float64 reference too, so
-// a launch saved at the cost of a wrong value fails here.
+// What a cross-entropy, NLL or elementwise call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a
+// small batch's forward, fused or NLL call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan
+// and folded reduction), eagerly with its one read-back and under CudaCheck::nan with none; a large batch takes the
+// general path (a memset, the scan kernel, the row kernel). Each call's values are checked against the float64
+// reference too, so a launch saved at the cost of a wrong value fails here.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/ce_specs.hpp"
 #include "cpu/nll_harness.hpp"
+#include "cpu/pointwise_harness.hpp"
 #include "cuda/cuda_memory.hpp"
 
 namespace lftest::ce {
@@ -188,6 +190,73 @@ TEST_F(LaunchCount, NllSmallBatchIsOneLaunch) {
       EXPECT_TRUE(close_one("loss", loss.get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
     }
     EXPECT_TRUE(close_all("grad", gather_rows(grad), p.ref.grad, p.ref.grad_tol, s.dt));
+  }
+}
+
+// The elementwise losses (src/cuda/pointwise.cu): an unchecked, unweighted forward, backward or fused call is one
+// launch and no memset at any reduction (the reduction folded into the pass, a reduced backward's scale computed in
+// it); a value-checked one (bce) adds the record's memset and, when it writes a gradient, the check's own pass first.
+TEST_F(LaunchCount, PointwiseUncheckedIsOneLaunch) {
+  using lfref::PwLoss;
+  struct Case {
+    PwLoss loss;
+    Reduction red;
+    DType dt;
+    pointwise::Up up;
+    std::uint64_t forward_kernels, grad_kernels, memsets, copies;  // grad: the backward's and the fused entry's
+  };
+  const std::vector<Case> cases = {
+      {PwLoss::mse, Reduction::mean, DType::f32, pointwise::Up::absent, 1, 1, 0, 0},
+      {PwLoss::l1, Reduction::sum, DType::bf16, pointwise::Up::scalar, 1, 1, 0, 0},
+      {PwLoss::huber, Reduction::none, DType::f16, pointwise::Up::absent, 1, 1, 0, 0},
+      {PwLoss::kl_div, Reduction::mean, DType::f64, pointwise::Up::scalar, 1, 1, 0, 0},
+      {PwLoss::bce, Reduction::mean, DType::f32, pointwise::Up::absent, 1, 2, 1, 1},
+  };
+  for (const Case& c : cases) {
+    pointwise::Spec s;
+    s.c = pointwise::config_of(c.loss, c.red, 0);
+    s.red = c.red, s.dt = c.dt, s.up = c.up, s.shape = {3, 4000};
+    s.name = pointwise::base_name(s);
+    SCOPED_TRACE(s.name);
+    pointwise::Problem p = pointwise::build(s);
+    Tensor loss = Tensor::make(p.acc(), c.red == Reduction::none ? s.shape : std::vector<std::int64_t>{},
+                               Layout::contiguous, kSentinel);
+    Tensor fused_loss = loss, grad = pointwise::make_grad(s.dt, s.shape, Layout::contiguous), fused_grad = grad;
+    Mirror m(&kCuda);
+    const PwArgs a = pointwise::device_args(m, p);
+    std::optional<TensorView> up;
+    if (p.up) {
+      up = p.up->view;
+      const TensorView d = m(p.up->store);
+      up->data = d.data, up->device = d.device;
+    }
+    const TensorView l = m(loss), g = m(grad), fl = m(fused_loss), fg = m(fused_grad);
+    lfemu::Counts before = lfemu::counts();
+    pw_forward(a, l);
+    const Asked fwd = since(before);
+    before = lfemu::counts();
+    pw_backward(a, up, lossfuse::PointwiseGrads{g, std::nullopt, std::nullopt});
+    const Asked bwd = since(before);
+    before = lfemu::counts();
+    pw_forward_backward(a, fl, lossfuse::PointwiseGrads{fg, std::nullopt, std::nullopt});
+    const Asked fused = since(before);
+    m.download();
+    for (const auto& [what, asked, kernels] :
+         {std::tuple{"forward", fwd, c.forward_kernels}, std::tuple{"backward", bwd, c.grad_kernels},
+          std::tuple{"fused", fused, c.grad_kernels}}) {
+      EXPECT_EQ(asked.kernels, kernels) << what;
+      EXPECT_EQ(asked.memsets, c.memsets) << what;
+      EXPECT_EQ(asked.copies, c.copies) << what;
+    }
+    for (const Tensor* t : {&loss, &fused_loss}) {
+      if (c.red == Reduction::none) {
+        EXPECT_TRUE(close_all("loss", t->values(), p.ref.elem_loss, p.ref.elem_loss_tol, p.acc()));
+      } else {
+        EXPECT_TRUE(close_one("loss", t->get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
+      }
+    }
+    EXPECT_TRUE(close_all("grad_input", grad.values(), p.ref.gx, p.ref.gx_tol, s.dt));
+    EXPECT_TRUE(close_all("fused grad_input", fused_grad.values(), p.ref_unit.gx, p.ref_unit.gx_tol, s.dt));
   }
 }
 
