@@ -79,7 +79,8 @@ __device__ void reduce_tiles(const double* tile_loss, const double* tile_weight,
     if (poison) *loss = static_cast<Acc>(NAN);
     return;
   }
-  if (weight_mean) denominator = tile_weight != nullptr ? ws : rec->weight_sum;
+  // the weights' sum: this pass's, pw_scale_kernel's (a fused call), or 0 for no tiles (the record was not written)
+  if (weight_mean) denominator = tile_weight != nullptr || tiles == 0 ? ws : rec->weight_sum;
   *loss = static_cast<Acc>(mean ? l / denominator : l);
 }
 
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_w
   if (skip_if != nullptr && *skip_if == Acc(1)) return;  // (held gradients: the weight pass did not run either)
   const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
   if (threadIdx.x != 0) return;
-  if (tile_weight != nullptr) rec->weight_sum = denominator = ws;
+  rec->weight_sum = denominator = ws;  // (run only for a weighted 'mean': 0 for no tiles)
   rec->grad_scale = grad_scale_of(grad_scalar, mean, denominator);
 }
 
