@@ -836,9 +836,8 @@ class DeviceSteps {
     }
     if (inline_) return;
     check(cudaMemsetAsync(scan_.get(), 0, sizeof(CeScan), stream()), "cudaMemsetAsync (scan record)");
-    const ScanArgs<Acc> a{weights_.get(),   call_.grad_scalar,    call_.reduction == Reduction::mean,
-                          call_.split_mean, scan_.get(),          part_w_.get(),
-                          part_n_.get(),    part_n_.get() + grid_};
+    const ScanArgs<Acc> a{weights_.get(), call_.grad_scalar, mean(),        call_.split_mean,
+                          scan_.get(),    part_w_.get(),     part_n_.get(), part_n_.get() + grid_};
     ce_scan_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(p, a);
     check(cudaGetLastError(), "ce_scan_kernel");
   }
@@ -848,10 +847,10 @@ class DeviceSteps {
   [[nodiscard]] const CeScan* scan() const noexcept { return inline_ ? nullptr : scan_.get(); }
   [[nodiscard]] InlineScan inline_args() const noexcept {
     if (!inline_) return {};
-    return {scan_.get(), call_.grad_scalar, call_.reduction == Reduction::mean, call_.split_mean};
+    return {scan_.get(), call_.grad_scalar, mean(), call_.split_mean};
   }
-  [[nodiscard]] unsigned* reduce_done() const { return inline_ ? stream_counter() : &scan_.get()->reduce_done; }
-  [[nodiscard]] bool reduced() const noexcept { return call_.loss != nullptr || call_.z_loss != nullptr; }
+  // The fold's counter: the scan record's, zeroed with it, or the stream's when inline (no memset).
+  [[nodiscard]] unsigned* reduce_done() const { return fold_counter(!inline_, &scan_.get()->reduce_done); }
   [[nodiscard]] bool mean() const noexcept { return call_.reduction == Reduction::mean; }
   [[nodiscard]] void* loss() const noexcept { return call_.loss; }
   [[nodiscard]] void* z_loss() const noexcept { return call_.z_loss; }
@@ -864,9 +863,9 @@ class DeviceSteps {
     if (inline_)
       throw Error(ErrorCode::device_error, "reduce", "a call whose scan ran on the stream", "an inline scan");
     // part_w_ is the scan's, done with by now (stream order)
-    reduce_rows_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(
-        row_loss, row_zloss, rows, scan_.get(), skip_bad(), call_.reduction == Reduction::mean, part_w_.get(),
-        static_cast<Acc*>(call_.loss), static_cast<Acc*>(call_.z_loss));
+    reduce_rows_kernel<Acc><<<grid_, kScanThreads, 0, stream()>>>(row_loss, row_zloss, rows, scan_.get(), skip_bad(),
+                                                                  mean(), part_w_.get(), static_cast<Acc*>(call_.loss),
+                                                                  static_cast<Acc*>(call_.z_loss));
     check(cudaGetLastError(), "reduce_rows_kernel");
   }
 

@@ -31,7 +31,7 @@ constexpr int kThreads = 256;
 // A call's record on the device, zeroed before its first kernel when a field below needs it (bad, done).
 struct PwRecord {
   unsigned bad;       // some element failed the value check (an integer OR: the same on every run)
-  unsigned done;      // the reducing pass's finished blocks, under stream capture (else stream_counter)
+  unsigned done;      // the reducing pass's finished blocks, where the record is zeroed (fold_counter)
   double weight_sum;  // a reduced backward's weighted 'mean': the weights' sum (pw_scale_kernel)
   double grad_scale;  // a reduced backward: the upstream scalar, over the 'mean' denominator (pw_scale_kernel)
 };
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) pw_scale_kernel(const double* tile_w
                                                             const Acc* grad_scalar, bool mean, double denominator,
                                                             const Acc* skip_if) {
   if (skip_if != nullptr && *skip_if == Acc(1)) return;  // (held gradients: the weight pass did not run either)
-  const double ws = tile_weight != nullptr ? ordered_sum<kThreads>(tile_weight, tiles) : 0.0;
+  const double ws = ordered_sum<kThreads>(tile_weight, tiles);  // (tile_weight is null only with no tiles)
   if (threadIdx.x != 0) return;
   rec->weight_sum = denominator = ws;  // (run only for a weighted 'mean': 0 for no tiles)
   rec->grad_scale = grad_scale_of(grad_scalar, mean, denominator);
@@ -208,9 +208,9 @@ void pointwise_run(const PwParams& p) {
   const Scratch<PwRecord> rec(1);
   const Scratch<double> tile_loss(folded ? static_cast<std::size_t>(tiles) : 0);
   const Scratch<double> tile_weight(weights ? static_cast<std::size_t>(tiles) : 0);
-  // Zeroed for the check's flag, or for the fold's count under capture (a graph may replay on another stream, so a
-  // captured call counts on its own record; an eager one on stream_counter).
-  if (checking || (folded && capturing)) {
+  // Zeroed for the check's flag, or for the fold's count under capture (fold_counter).
+  const bool zeroed = checking || (folded && capturing);
+  if (zeroed) {
     check(cudaMemsetAsync(rec.get(), 0, sizeof(PwRecord), stream()), "cudaMemsetAsync (pointwise record)");
   }
   const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, int64_t{1} << 30));
@@ -258,7 +258,7 @@ void pointwise_run(const PwParams& p) {
       a.denominator = call.denominator;
       if (folded) {
         a.loss = call.loss;
-        a.done = capturing ? &rec.get()->done : stream_counter();
+        a.done = fold_counter(zeroed, &rec.get()->done);
       }
       launch(q, a);
     });

@@ -123,6 +123,10 @@ int multiprocessors();
 // allocator is installed, so that no allocator change can free it).
 unsigned* stream_counter();
 
+// The counter a folded reduction's blocks count on (last_block_done): `own`, a field of the call's record, where the
+// call zeroed that record on the stream (it must under stream capture), else the stream's (stream_counter).
+inline unsigned* fold_counter(bool own_zeroed, unsigned* own) { return own_zeroed ? own : stream_counter(); }
+
 // Whether small batches take their one-launch paths (LOSSFUSE_CUDA_SMALL_BATCH unset or not "0"; read once). Off, every
 // call takes the general path: ctest runs the CUDA cross-entropy suite both ways (emu.cross_entropy_cuda_test*).
 bool small_batch_path();
