@@ -4,10 +4,13 @@
 //   access past the guard pages' bounds stops the process with the allocation named, and a write into the slack next to
 //   a buffer is found after the operation that made it;
 // - copies and memsets must lie inside one allocation of the kind their direction names;
-// - the threads of a block must meet at the same barrier, none having exited before it (undefined on a device), and a
-//   warp's shuffle needs every lane its mask names;
+// - the threads of a block must meet at the same barrier, none having exited before it (the CUDA C++ guide forbids
+//   it), and a warp's shuffle needs every lane its mask names;
 // - memory a capture allocates is refilled with 0xff at every launch of a graph made from it (its contents are
 //   undefined at each replay), so a replay that depends on an earlier one's leftovers shows it;
+// - LFEMU_RACECHECK=1: each launch runs in two orders, with the bytes nothing has written yet (no kernel, copy or
+//   memset) at 0xff in one run and 0x3f in the other: a differing result is a race or a read of unwritten memory
+//   (run_launch);
 // - in a thread under global capture mode, while a stream captures, synchronising calls fail and invalidate the capture
 //   (CUDA's rule), and so does a copy between pageable host memory and a capturing stream.
 #include <signal.h>
@@ -108,10 +111,24 @@ struct Allocation {
   std::size_t bytes;  // what was asked
   int device;
   bool host;  // cudaHostAlloc: pinned host memory (no guard pages)
+  // Under the race check (device memory): 1 per byte that nothing has written yet (an allocation's or a replay's
+  // fill); `any_fresh` false: none is (the checks skip the buffer).
+  std::vector<unsigned char> fresh = {};
+  bool any_fresh = false;
 };
 std::map<std::uintptr_t, Allocation> allocations;  // by user pointer; under mu
 
 std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
+
+// LFEMU_RACECHECK=1 (ctest sets it): each launch runs twice from the same device memory (run_launch), and the bytes
+// nothing has written yet are tracked (Allocation::fresh) so that the two runs see them differently.
+bool racecheck() {
+  static const bool on = [] {
+    const char* v = std::getenv("LFEMU_RACECHECK");
+    return v != nullptr && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 
 char* user_of(const Allocation& a) {
   return a.host ? a.map : a.map + a.mapped - kPage - round_up(std::max<std::size_t>(a.bytes, 1), kAlign);
@@ -135,12 +152,13 @@ void* allocate(std::size_t bytes, bool host) {
   mprotect(map, kPage, PROT_NONE);
   mprotect(map + mapped - kPage, kPage, PROT_NONE);
   Allocation a{map, mapped, bytes, current_device, false};
+  if (racecheck()) a.fresh.assign(bytes, 1), a.any_fresh = bytes != 0;
   char* p = user_of(a);
   std::memset(map + kPage, kSlack, static_cast<std::size_t>(p - map - kPage));
   std::memset(p, kFresh, bytes);
   std::memset(p + bytes, kSlack, static_cast<std::size_t>(map + mapped - kPage - p) - bytes);
   const std::lock_guard<std::mutex> lock(mu);
-  allocations[reinterpret_cast<std::uintptr_t>(p)] = a;
+  allocations[reinterpret_cast<std::uintptr_t>(p)] = std::move(a);
   return p;
 }
 
@@ -182,6 +200,24 @@ const Allocation* find(const void* p, std::size_t bytes, bool slack = false) {
   return u + bytes <= end && u >= it->first ? &a : nullptr;
 }
 
+// [p, p + bytes) of device memory is now written (fresh 0) or holds a fill again (1), where the race check tracks it;
+// `from`: a device-to-device copy's source, whose bytes' state the copy carries.
+void mark(const void* p, std::size_t bytes, unsigned char fresh, const void* from = nullptr) {
+  if (!racecheck() || bytes == 0) return;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto* a = const_cast<Allocation*>(find(p, bytes));
+  if (a == nullptr || a->fresh.empty()) return;
+  unsigned char* f = a->fresh.data() + (static_cast<const char*>(p) - user_of(*a));
+  const Allocation* s = from != nullptr ? find(from, bytes) : nullptr;
+  if (s != nullptr && !s->fresh.empty()) {
+    std::memmove(f, s->fresh.data() + (static_cast<const char*>(from) - user_of(*s)), bytes);
+    a->any_fresh = a->any_fresh || s->any_fresh;
+  } else {
+    std::memset(f, fresh, bytes);
+    a->any_fresh = a->any_fresh || fresh != 0;
+  }
+}
+
 cudaError_t release(void* p, bool host) {
   if (p == nullptr) return cudaSuccess;
   const std::lock_guard<std::recursive_mutex> launch(launch_mu);  // not while a launch's race check restores memory
@@ -190,7 +226,7 @@ cudaError_t release(void* p, bool host) {
     const std::lock_guard<std::mutex> lock(mu);
     auto it = allocations.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == allocations.end() || it->second.host != host) return cudaErrorInvalidValue;
-    a = it->second;
+    a = std::move(it->second);
     allocations.erase(it);
   }
   if (host) {
@@ -431,7 +467,7 @@ bool run_block(Block& b, unsigned n) {
     bool released = false;
     if (at_block == live && exited > 0) {
       fail("a __syncthreads in " + describe_block() + " (" + static_cast<const char*>(site) + ") is reached after " +
-           std::to_string(exited) + " of its threads exited (undefined on a device)");
+           std::to_string(exited) + " of its threads exited (the CUDA C++ guide forbids it)");
       kernel_error = cudaErrorLaunchFailure;
       return false;
     }
@@ -503,7 +539,8 @@ bool run_block(Block& b, unsigned n) {
 // Every block of one launch, in block order or its reverse, each pass over a block's threads seeded from `seed`.
 // reverse: the blocks in reverse order, and each pass of a block's threads in the reverse of the order it has otherwise
 // (the same seed), so that every two threads racing in one pass run in both orders across the race check's two runs.
-void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t seed) {
+// Dynamic shared memory starts each block as `fill` bytes.
+void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t seed, unsigned char fill = kFresh) {
   order_flipped = reverse;
   const unsigned long long total = 1ull * grid.x * grid.y * grid.z;
   for (unsigned long long k = 0; k < total; ++k) {
@@ -511,7 +548,7 @@ void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t see
     builtins.block = {static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
                       static_cast<unsigned>(i / (1ull * grid.x * grid.y))};
     order_state = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));  // per block, so both runs give block i the same passes
-    std::fill(b.dynamic.begin(), b.dynamic.end(), kFresh);
+    std::fill(b.dynamic.begin(), b.dynamic.end(), fill);
     if (!run_block(b, n)) return;
   }
 }
@@ -530,18 +567,78 @@ void restore(const Snapshot& v) {
   for (const auto& [p, bytes] : v) std::memcpy(reinterpret_cast<char*>(p), bytes.data(), bytes.size());
 }
 
-// LFEMU_RACECHECK=1 (ctest sets it): each launch runs twice from the same device memory, first with its blocks in
-// reverse order and its threads in another order, then as usual (whose memory stays); any byte of device memory that differs between the two
-// is a race (a missing __syncthreads, a block reading another's output): this project's kernels have no
-// floating-point atomics, so their results never depend on the order.
-bool racecheck() {
-  static const bool on = [] {
-    const char* v = std::getenv("LFEMU_RACECHECK");
-    return v != nullptr && std::strcmp(v, "0") != 0;
-  }();
-  return on;
+// The race check's second fill of what nothing has written: finite and plausible in every float dtype (0.75 as a float,
+// 1.8 as a half), where kFresh is NaN, so that a result computed from such bytes differs between the two runs.
+constexpr unsigned char kFreshAlt = 0x3f;
+
+// Fresh bytes no longer holding kFresh were written by a path that does not mark (the host through a pointer): written.
+// Under mu.
+void settle_fresh() {
+  for (auto& [p, a] : allocations) {
+    if (!a.any_fresh) continue;
+    const auto* m = reinterpret_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < a.bytes; ++i) {
+      if (a.fresh[i] != 0 && m[i] != kFresh) a.fresh[i] = 0;
+    }
+  }
 }
 
+// Every fresh byte set to `fill`. Under mu.
+void fill_fresh(unsigned char fill) {
+  for (auto& [p, a] : allocations) {
+    if (!a.any_fresh) continue;
+    auto* m = reinterpret_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < a.bytes; ++i) {
+      if (a.fresh[i] != 0) m[i] = fill;
+    }
+  }
+}
+
+// A byte the race check's two runs left different, or none (byte < 0).
+struct Mismatch {
+  std::size_t alloc = 0;
+  long long byte = -1;
+};
+
+// Compares the race check's runs: `first` (device memory at kFresh where fresh, dynamic shared memory kFresh) and
+// `second` (kFreshAlt), the latter in memory now. A fresh byte holding kFresh then kFreshAlt was not written: it is
+// set back to kFresh and stays fresh; one holding the same value in both was written; any other difference is the
+// first mismatch returned. Under mu.
+Mismatch compare_runs(const Snapshot& first, const Snapshot& second) {
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    const auto& x = first[i].second;
+    const auto& y = second[i].second;
+    Allocation& a = allocations.at(second[i].first);
+    auto* m = reinterpret_cast<unsigned char*>(second[i].first);
+    const bool tracked = a.any_fresh;
+    bool any = false;
+    for (std::size_t j = 0; tracked && j < x.size(); ++j) {
+      if (a.fresh[j] == 0) continue;
+      const auto u = static_cast<unsigned char>(x[j]), v = static_cast<unsigned char>(y[j]);
+      if (u == kFresh && v == kFreshAlt) {
+        m[j] = kFresh, any = true;
+      } else if (u == v) {
+        a.fresh[j] = 0;
+      } else {
+        return {i, static_cast<long long>(j)};
+      }
+    }
+    a.any_fresh = any;
+    for (auto d = std::mismatch(x.begin(), x.end(), y.begin(), y.end()); d.first != x.end();
+         d = std::mismatch(d.first + 1, x.end(), d.second + 1, y.end())) {
+      const auto j = static_cast<std::size_t>(d.first - x.begin());
+      if (!tracked || a.fresh[j] == 0) return {i, static_cast<long long>(j)};
+    }
+  }
+  return {};
+}
+
+// LFEMU_RACECHECK=1: each launch runs twice from the same device memory, first with its blocks in reverse order and its
+// threads in another order, then as usual (whose memory stays), with what nothing has written (fresh device bytes,
+// dynamic shared memory) as kFresh in the first run and kFreshAlt in the second. A byte that differs between the two is
+// a race (a missing __syncthreads, a block reading another's output) or a result computed from unwritten memory; a
+// third run, in the usual order from kFresh, tells which. This project's kernels have no floating-point atomics, so
+// their results never depend on the order.
 void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   const std::lock_guard<std::recursive_mutex> lock(launch_mu);
   const cudaError_t earlier = kernel_error;  // an earlier launch's, not yet reported: this one still runs in full
@@ -565,22 +662,38 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   static std::uint64_t launches = 0;
   const std::uint64_t seed = 0x853c49e6748fea9bull + 0x9e3779b97f4a7c15ull * ++launches;
   if (racecheck()) {
+    {
+      const std::lock_guard<std::mutex> m(mu);
+      settle_fresh();
+    }
     const Snapshot before = snapshot();
     run_blocks(b, grid, n, true, seed);
     const Snapshot first = snapshot();
     restore(before);
-    if (kernel_error == cudaSuccess) run_blocks(b, grid, n, false, seed);
+    {
+      const std::lock_guard<std::mutex> m(mu);
+      fill_fresh(kFreshAlt);
+    }
+    if (kernel_error == cudaSuccess) run_blocks(b, grid, n, false, seed, kFreshAlt);
     const Snapshot second = snapshot();
-    for (std::size_t i = 0; i < first.size() && kernel_error == cudaSuccess; ++i) {
-      const auto& x = first[i].second;
-      const auto& y = second[i].second;
-      const auto d = std::mismatch(x.begin(), x.end(), y.begin(), y.end());
-      if (d.first != x.end()) {
-        fail("a launch of " + std::to_string(1ull * grid.x * grid.y * grid.z) + " blocks of " + std::to_string(n) +
-             " threads wrote different bytes in two thread orders (a race): byte " +
-             std::to_string(d.first - x.begin()) + " of a device allocation of " + std::to_string(x.size()) + " bytes");
-        kernel_error = cudaErrorLaunchFailure;
-      }
+    Mismatch d;
+    if (kernel_error == cudaSuccess) {
+      const std::lock_guard<std::mutex> m(mu);
+      d = compare_runs(first, second);
+    }
+    if (d.byte >= 0) {
+      restore(before);
+      run_blocks(b, grid, n, false, seed);
+      const Snapshot third = snapshot();
+      const auto j = static_cast<std::size_t>(d.byte);
+      const bool order = third[d.alloc].second[j] != first[d.alloc].second[j];
+      fail("a launch of " + std::to_string(1ull * grid.x * grid.y * grid.z) + " blocks of " + std::to_string(n) +
+           " threads wrote different bytes " +
+           (order ? "in two thread orders (a race)"
+                  : "from two fills of memory nothing wrote (a result read from unwritten device or shared memory)") +
+           ": byte " + std::to_string(j) + " of a device allocation of " +
+           std::to_string(first[d.alloc].second.size()) + " bytes");
+      kernel_error = cudaErrorLaunchFailure;
     }
   } else {
     run_blocks(b, grid, n, false, seed);
@@ -777,7 +890,11 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
       return refuse_unsafe();
     }
   }
-  const cudaError_t e = enqueue(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  const bool from_device = src_dev;
+  const cudaError_t e = enqueue(s, [dst, src, bytes, from_device] {
+    mark(dst, bytes, 0, from_device ? src : nullptr);
+    std::memmove(dst, src, bytes);
+  });
   if (e != cudaSuccess) return e;
   return async ? cudaSuccess : pending();
 }
@@ -790,7 +907,10 @@ cudaError_t set(void* p, int value, std::size_t bytes, cudaStream_t s) {
     fail("a memset of " + std::to_string(bytes) + " bytes outside one device allocation");
     return note(cudaErrorInvalidValue);
   }
-  return enqueue(s, [p, value, bytes] { std::memset(p, value, bytes); });
+  return enqueue(s, [p, value, bytes] {
+    mark(p, bytes, 0);
+    std::memset(p, value, bytes);
+  });
 }
 
 }  // namespace
@@ -889,7 +1009,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (exec == nullptr) return note(cudaErrorInvalidValue);
   const cudaError_t fill = enqueue(s, [m = exec->memory] {  // the memory nodes: contents undefined at each replay
-    for (const auto& [p, bytes] : m->made) std::memset(p, kFresh, bytes);
+    for (const auto& [p, bytes] : m->made) {
+      std::memset(p, kFresh, bytes);
+      mark(p, bytes, 1);
+    }
   });
   if (fill != cudaSuccess) return fill;
   for (const auto& node : exec->nodes) {
@@ -1058,6 +1181,7 @@ cublasStatus_t cublasGemmEx_64(cublasHandle_t handle, cublasOperation_t transa, 
     } else {
       gemm_as<float>(ta, tb, m, n, k, a, A, Atype, lda, B, Btype, ldb, b, C, Ctype, ldc);
     }
+    mark(C, sc, 0);
   });
   return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
 }

@@ -121,6 +121,59 @@ TEST(Emulator, BarrierAfterExitFails) {
   EXPECT_EQ(launch(64, barrier_after_exit, static_cast<int*>(nullptr)), cudaErrorLaunchFailure);
 }
 
+// out[0] = 0 / in[0] (in: float): NaN where in[0] is NaN, 0 where it is finite.
+void divide_by(const float* in, float* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 0.0f / in[0];
+}
+
+// A result computed from device memory nothing wrote (fresh 0xff bytes, NaN as a float) is reported under the race
+// check, even where NaN is what a test would expect (0 / NaN): the second run sees finite bytes there. The same
+// kernel passes once the input is written.
+TEST(Emulator, ResultFromUnwrittenMemoryFails) {
+  if (std::getenv("LFEMU_RACECHECK") == nullptr) GTEST_SKIP() << "the race check is off (ctest sets LFEMU_RACECHECK=1)";
+  Device in(sizeof(float)), out(sizeof(float));
+  ASSERT_EQ(cudaMemset(out.p, 0, out.bytes), cudaSuccess);
+  EXPECT_EQ(launch(32, divide_by, static_cast<const float*>(in.p), static_cast<float*>(out.p)), cudaErrorLaunchFailure);
+  const float two = 2;
+  ASSERT_EQ(cudaMemcpy(in.p, &two, sizeof two, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(launch(32, divide_by, static_cast<const float*>(in.p), static_cast<float*>(out.p)), cudaSuccess);
+  EXPECT_EQ(out.read<float>()[0], 0.0f);
+}
+
+// A kernel's own writes count as written: the second launch reads what the first wrote.
+void write_then_read(float* buf, float* out, bool read) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (read) {
+    out[0] = buf[0] + 1;
+  } else {
+    buf[0] = 1;
+  }
+}
+
+TEST(Emulator, KernelWritesAreWritten) {
+  Device buf(2 * sizeof(float)), out(sizeof(float));
+  ASSERT_EQ(launch(32, write_then_read, static_cast<float*>(buf.p), static_cast<float*>(out.p), false), cudaSuccess);
+  ASSERT_EQ(launch(32, write_then_read, static_cast<float*>(buf.p), static_cast<float*>(out.p), true), cudaSuccess);
+  EXPECT_EQ(out.read<float>()[0], 2.0f);
+  EXPECT_TRUE(std::isnan(buf.read<float>()[1]));  // the byte nothing wrote is still fresh
+}
+
+// Dynamic shared memory read before any thread writes it: reported as a read of unwritten memory.
+void shared_first(float* out) {
+  float* const s = ::lfemu::dynamic_shared_as<float>();
+  if (threadIdx.x == 0) out[blockIdx.x] = s[0] == s[0] ? 1.0f : 0.0f;  // (NaN under one fill, 0.75 under the other)
+}
+
+TEST(Emulator, UnwrittenSharedMemoryFails) {
+  if (std::getenv("LFEMU_RACECHECK") == nullptr) GTEST_SKIP() << "the race check is off (ctest sets LFEMU_RACECHECK=1)";
+  Device out(2 * sizeof(float));
+  ASSERT_EQ(cudaMemset(out.p, 0, out.bytes), cudaSuccess);
+  (void)cudaGetLastError();
+  ::lfemu::Launch(dim3(2), dim3(32), sizeof(float))([](float* o) { shared_first(o); }, static_cast<float*>(out.p));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  (void)cudaGetLastError();
+}
+
 // Reads the first int of scratch memory, then leaves 5 there.
 void read_then_set(int* scratch, int* out) {
   out[0] = scratch[0];
