@@ -37,15 +37,23 @@ constexpr int64_t kWarpRow = 1024;  // rows up to this length get a warp
 constexpr int64_t kSharedMaskBytes = 46 * 1024;
 constexpr int64_t kMaskBudgetWords = int64_t{16} << 20;
 
+// A call's record on the device, zeroed before its first kernel when a field needs it.
+struct MarginRecord {
+  unsigned long long bad;  // the target check's: total - the first bad target's index (0: none)
+  unsigned done;           // a reduced forward's finished blocks, where the record is zeroed (fold_counter)
+};
+
 struct MarginArgs {
   MarginParams p;      // device operands; p.weight, p.block_loss and p.device_call unused (below)
   const void* weight;  // Acc (D) class weights on the device, or nullptr
-  double* row_loss;    // mean / sum: each row's loss, summed afterwards (margin_reduce_kernel)
+  double* row_loss;    // mean / sum: each row's loss, summed by the last block (fold_loss)
   unsigned* mask;      // multilabel_margin: a bitmask over the classes per group in flight (nullptr: in shared memory)
   int64_t mask_words;  // words per mask
   const unsigned long long* bad;  // the target check's record (nonzero: a bad target; write nothing), or nullptr
   const void* grad_scalar;        // mean / sum backward: the upstream scalar (Acc) on the device, or nullptr
-  bool mean;                      // with grad_scalar: divided by the rows
+  bool mean;                      // 'mean': the loss and the upstream scalar divided by the rows
+  void* loss;                     // mean / sum forward: the one-element loss (Acc), or nullptr
+  unsigned* done;                 // with loss: the finished blocks' count (fold_counter)
 };
 
 // The rows a group of G threads visits (G = 32: the block's warps take rows of their own; G = kThreads: the block
@@ -142,6 +150,16 @@ __device__ Acc upstream(const MarginArgs& a, int64_t r) {
 // Whether the target check found a bad target (the kernels that read class targets then write nothing).
 __device__ bool flagged(const MarginArgs& a) { return a.bad != nullptr && *a.bad != 0; }
 
+// A reduced forward's end, reached by every thread of every block: the block that finishes last sums the rows' losses
+// in a fixed order (ordered_sum, the same bits on every run) into the loss, over the rows for 'mean' (of no rows:
+// 0 / 0 = NaN, as the CPU). A flagged call returns before it in every block: nothing written, the count untouched.
+template <class Acc>
+__device__ void fold_loss(const MarginArgs& a) {
+  if (a.loss == nullptr || !last_block_done(a.done)) return;
+  const double s = ordered_sum<kThreads>(a.row_loss, a.p.rows);
+  if (threadIdx.x == 0) *static_cast<Acc*>(a.loss) = static_cast<Acc>(a.mean ? s / static_cast<double>(a.p.rows) : s);
+}
+
 // Element c of view v's row r (offset `row` of that row).
 struct RowAt {
   int64_t row, inner;
@@ -216,6 +234,7 @@ __global__ void __launch_bounds__(kThreads) triplet_kernel(const MarginArgs a) {
       if (p.grad[2] != nullptr) st<T>(p.grad[2], gn(c), k_an * n_an + k_pn * n_pn);
     }
   }
+  fold_loss<Acc>(a);
 }
 
 // ---- cosine_embedding -----------------------------------------------------------------------------------------
@@ -251,6 +270,7 @@ __global__ void __launch_bounds__(kThreads) cosine_kernel(const MarginArgs a) {
       if (p.grad[1] != nullptr) st<T>(p.grad[1], g2(c), ka * u - kb2 * v);
     }
   }
+  fold_loss<Acc>(a);
 }
 
 // ---- multi_margin ---------------------------------------------------------------------------------------------
@@ -298,6 +318,7 @@ __global__ void __launch_bounds__(kThreads) multi_margin_kernel(const MarginArgs
     if (Gr::lane() == 0) st<T>(p.grad[0], g(y), -total[0]);
     Gr::sync();
   }
+  fold_loss<Acc>(a);
 }
 
 // ---- multilabel_margin ----------------------------------------------------------------------------------------
@@ -383,6 +404,7 @@ __global__ void __launch_bounds__(kThreads) multilabel_margin_kernel(const Margi
     }
     Gr::sync();  // every read of the mask is done before the next row clears it
   }
+  fold_loss<Acc>(a);
 }
 
 // ---- multilabel_soft_margin -----------------------------------------------------------------------------------
@@ -413,9 +435,10 @@ __global__ void __launch_bounds__(kThreads) soft_margin_kernel(const MarginArgs 
       if (p.grad[1] != nullptr) st<T>(p.grad[1], gt(c), -kw * xv);
     }
   }
+  fold_loss<Acc>(a);
 }
 
-// ---- device-call steps: the target check and the reduction ---------------------------------------------------
+// ---- device-call step: the target check -----------------------------------------------------------------------
 
 // The first bad class target in row-major order over the rows x per_row targets (per_row 1: class_index, in [0, D);
 // D: label_list, in [-1, D)), kept as total - its index by an integer atomicMax (0: none).
@@ -434,26 +457,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// 'mean' / 'sum': the rows' losses summed in a fixed order (each thread its strided share, then the block's tree)
-// into the one-element output, over the rows for 'mean' (of nothing: 0 / 0 = NaN, as the CPU). A flagged call
-// writes nothing.
-template <class Acc>
-__global__ void __launch_bounds__(kThreads)
-    margin_reduce_kernel(const double* row_loss, int64_t rows, const unsigned long long* bad, bool mean, Acc* loss) {
-  if (bad != nullptr && *bad != 0) return;
-  const double s = ordered_sum<kThreads>(row_loss, rows);
-  if (threadIdx.x == 0) *loss = static_cast<Acc>(mean ? s / static_cast<double>(rows) : s);
-}
-
 // ---- launch ---------------------------------------------------------------------------------------------------
 
 // Runs one loss's device call (core makes every call on a device one, core::MarginDeviceCall): the class weights
 // converted on the device, the target check (its record read back by an eager call: 8 bytes, one synchronisation;
 // nothing under stream capture, where a bad target's row is NaN), then launch(g, grid, shared_bytes, args), g
-// std::integral_constant<int, G>, and a reduced forward's sum into the loss. `operands`: the loss's inputs, target
-// and gradients (nullptr: absent), its device pointers, named. `labels`: a label mask per group in flight, in shared
-// memory where the block's fit kSharedMaskBytes, else in device scratch (the grid then capped so that the masks fit
-// kMaskBudgetWords). Nothing else waits for the device.
+// std::integral_constant<int, G>, whose last block sums a reduced forward's loss (fold_loss). `operands`: the loss's
+// inputs, target and gradients (nullptr: absent), its device pointers, named. `labels`: a label mask per group in
+// flight, in shared memory where the block's fit kSharedMaskBytes, else in device scratch (the grid then capped so that
+// the masks fit kMaskBudgetWords). Nothing else waits for the device.
 template <class T, class Launch>
 void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels, const char* what, Launch&& launch) {
   using Acc = math::AccOf<T>;
@@ -468,29 +480,41 @@ void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels,
                                    {call.grad_scalar, "grad_loss"},
                                    {call.weight, "weight"}});
   const DeviceScope scope(operands);
-  const bool scanning = checking && p.rows > 0 && reports_bad_values();
-  const Scratch<unsigned long long> record(scanning ? 1 : 0);
+  const bool capturing = stream_capturing();
+  const bool scanning = checking && p.rows > 0 && reports_bad_values(capturing);
+  const Scratch<MarginRecord> record(1);
+  // Zeroed for the check's record, or for the fold's count under capture (fold_counter).
+  const bool zeroed = scanning || (reduced && capturing);
+  if (zeroed)
+    check(cudaMemsetAsync(record.get(), 0, sizeof(MarginRecord), stream()), "cudaMemsetAsync (margin record)");
   if (scanning) {
-    check(cudaMemsetAsync(record.get(), 0, sizeof(unsigned long long), stream()), "cudaMemsetAsync (check record)");
     const int64_t total = p.rows * (call.check == core::MarginCheck::label_list ? p.D : 1);
     margin_check_kernel<<<static_cast<unsigned>(std::clamp<int64_t>((total + kThreads - 1) / kThreads, 1, 4096)),
-                          kThreads, 0, stream()>>>(p, call.check == core::MarginCheck::label_list, record.get());
+                          kThreads, 0, stream()>>>(p, call.check == core::MarginCheck::label_list, &record.get()->bad);
     check(cudaGetLastError(), "margin_check_kernel");
   }
-  const unsigned long long* bad = scanning ? record.get() : nullptr;
+  const unsigned long long* bad = scanning ? &record.get()->bad : nullptr;
   const Scratch<double> rows_loss(reduced ? static_cast<std::size_t>(p.rows) : 0);
-  if (p.rows > 0 && (!p.backward || grads)) {
+  if ((p.rows > 0 && (!p.backward || grads)) || reduced) {  // (a reduced forward writes the loss of no rows too)
     const bool warp_rows = p.D <= kWarpRow;
     const int64_t per_block = warp_rows ? kThreads / 32 : 1;
-    int64_t blocks = std::min<int64_t>((p.rows + per_block - 1) / per_block, int64_t{1} << 30);
+    int64_t blocks = std::clamp<int64_t>((p.rows + per_block - 1) / per_block, 1, int64_t{1} << 30);
     const int64_t words = labels ? (p.D + 31) / 32 : 0;
     const bool shared = per_block * words * 4 <= kSharedMaskBytes;
     if (!shared) blocks = std::clamp<int64_t>(kMaskBudgetWords / (words * per_block), 1, blocks);
     const Scratch<Acc> weights(call.weight != nullptr ? static_cast<std::size_t>(p.D) : 0);
     if (call.weight != nullptr) weights_to_acc<Acc>(call.weight, call.weight_dtype, call.weight_stride, p.D, weights.get());
     const Scratch<unsigned> mask(shared ? 0 : static_cast<std::size_t>(blocks * per_block * words));
-    MarginArgs a{p,     weights.get(), rows_loss.get(),  mask.get(),
-                 words, bad,           call.grad_scalar, call.reduction == Reduction::mean};
+    MarginArgs a{p,
+                 weights.get(),
+                 rows_loss.get(),
+                 mask.get(),
+                 words,
+                 bad,
+                 call.grad_scalar,
+                 call.reduction == Reduction::mean,
+                 reduced ? call.loss : nullptr,
+                 reduced ? fold_counter(zeroed, &record.get()->done) : nullptr};
     a.p.weight = nullptr;
     a.p.block_loss = nullptr;
     a.p.device_call = nullptr;
@@ -503,14 +527,8 @@ void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels,
     }
     check(cudaGetLastError(), what);
   }
-  if (reduced) {
-    margin_reduce_kernel<Acc><<<1, kThreads, 0, stream()>>>(rows_loss.get(), p.rows, bad,
-                                                            call.reduction == Reduction::mean,
-                                                            static_cast<Acc*>(call.loss));
-    check(cudaGetLastError(), "margin_reduce_kernel");
-  }
   if (bad == nullptr) return;
-  const unsigned long long found = read_back(record.get(), what);
+  const unsigned long long found = read_back(&record.get()->bad, what);
   if (found == 0) return;
   const int64_t per_row = call.check == core::MarginCheck::label_list ? p.D : 1;
   const int64_t e = p.rows * per_row - static_cast<int64_t>(found);

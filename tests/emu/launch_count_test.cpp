@@ -1,8 +1,9 @@
-// What a cross-entropy, NLL or elementwise call asks of the CUDA runtime, counted by the emulator (lfemu::counts): a
-// small batch's forward, fused or NLL call is one kernel launch and no memset (src/cuda/cross_entropy.cu's inline scan
-// and folded reduction), eagerly with its one read-back and under CudaCheck::nan with none; a large batch takes the
-// general path (a memset, the scan kernel, the row kernel). Each call's values are checked against the float64
-// reference too, so a launch saved at the cost of a wrong value fails here.
+// What a cross-entropy, NLL, elementwise or margin call asks of the CUDA runtime, counted by the emulator
+// (lfemu::counts): a small batch's forward, fused or NLL call is one kernel launch and no memset
+// (src/cuda/cross_entropy.cu's inline scan and folded reduction), eagerly with its one read-back and under
+// CudaCheck::nan with none; a large batch takes the general path (a memset, the scan kernel, the row kernel). Each
+// call's values are checked against the float64 reference too, so a launch saved at the cost of a wrong value fails
+// here.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cpu/ce_specs.hpp"
+#include "cpu/margin_harness.hpp"
 #include "cpu/nll_harness.hpp"
 #include "cpu/pointwise_harness.hpp"
 #include "cuda/cuda_memory.hpp"
@@ -257,6 +259,48 @@ TEST_F(LaunchCount, PointwiseUncheckedIsOneLaunch) {
     }
     EXPECT_TRUE(close_all("grad_input", grad.values(), p.ref.gx, p.ref.gx_tol, s.dt));
     EXPECT_TRUE(close_all("fused grad_input", fused_grad.values(), p.ref_unit.gx, p.ref_unit.gx_tol, s.dt));
+  }
+}
+
+// The margin losses (src/cuda/margin.cu): a reduced forward is the row kernel alone, its last block summing the loss
+// (fold_loss); class weights add their conversion, and a target check (multi_margin, multilabel_margin: eager and
+// CudaCheck::report) adds the record's memset, the check kernel and the record's read-back.
+TEST_F(LaunchCount, MarginReducedForwardIsOneLaunch) {
+  using lossfuse::LossKind;
+  struct Case {
+    LossKind kind;
+    Reduction red;
+    DType dt;
+    bool weight, checked;
+    std::uint64_t kernels, memsets, copies;
+  };
+  const std::vector<Case> cases = {
+      {LossKind::triplet_margin, Reduction::mean, DType::f32, false, true, 1, 0, 0},
+      {LossKind::cosine_embedding, Reduction::sum, DType::bf16, false, true, 1, 0, 0},
+      {LossKind::multilabel_soft_margin, Reduction::mean, DType::f64, true, true, 2, 0, 0},
+      {LossKind::multi_margin, Reduction::mean, DType::f32, false, true, 2, 1, 1},
+      {LossKind::multi_margin, Reduction::sum, DType::f16, false, false, 1, 0, 0},
+      {LossKind::multilabel_margin, Reduction::mean, DType::f32, false, true, 2, 1, 1},
+  };
+  for (const Case& c : cases) {
+    margin::Spec s;
+    s.kind = c.kind, s.red = c.red, s.dt = c.dt, s.weight = c.weight, s.shape = {37, 300};  // five blocks of rows
+    s.name = margin::case_name(s);
+    SCOPED_TRACE(s.name + (c.checked ? " checked" : " unchecked"));
+    margin::Problem p = margin::build(s);
+    Tensor loss = Tensor::make(p.acc(), {}, Layout::contiguous, kSentinel);
+    Mirror m(&kCuda);
+    const margin::Views v = margin::views(m, p);
+    const TensorView l = m(loss);
+    const lossfuse::CudaCheckScope check(c.checked ? lossfuse::CudaCheck::report : lossfuse::CudaCheck::nan);
+    const lfemu::Counts before = lfemu::counts();
+    margin::call_forward(p, v, l);
+    const Asked asked = since(before);
+    m.download();
+    EXPECT_EQ(asked.kernels, c.kernels);
+    EXPECT_EQ(asked.memsets, c.memsets);
+    EXPECT_EQ(asked.copies, c.copies);
+    EXPECT_TRUE(close_one("loss", loss.get(0), p.ref.loss, p.ref.loss_tol, p.acc()));
   }
 }
 
