@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """lossfuse's CUDA emulator (tests/emu/): one src/cuda source as C++ for the host compiler.
 
-Usage: cu_to_cpp.py IN.cu OUT.cpp. Every launch `kernel<<<grid, block, smem, stream>>>(args)` becomes
-`::lfemu::Launch(grid, block, smem, stream)([](auto... p) { kernel(p...); }, args)`, and every
-`extern __shared__ T name[];` a pointer to the launch's dynamic shared memory; the emulator's cuda_runtime.h comes
-first. Line numbers stay those of IN.cu.
+Usage: cu_to_cpp.py IN OUT (a .cu source or a .cuh header). Every launch `kernel<<<grid, block, smem, stream>>>(args)`
+becomes `::lfemu::Launch(grid, block, smem, stream)([](auto... p) { kernel(p...); }, args)`, every
+`extern __shared__ T name[];` a pointer to the launch's dynamic shared memory, and every `__shared__ T name[N];` a
+static that `::lfemu::static_shared` refills at each block's first pass over it (what no thread of the block wrote
+holds the race check's fill, as dynamic shared memory does). The emulator's cuda_runtime.h comes first and does not
+define `__shared__`, so a declaration left unconverted does not compile. Line numbers stay those of IN.
 """
 import os
 import re
@@ -68,8 +70,10 @@ def convert(s):
         pos = args_end
     out.append(s[pos:])
     s = "".join(out)
-    return re.sub(r"extern\s+__shared__\s+(?:alignas\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;",
-                  r"\1* const \2 = ::lfemu::dynamic_shared_as<\1>();", s)
+    s = re.sub(r"extern\s+__shared__\s+(?:alignas\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;",
+               r"\1* const \2 = ::lfemu::dynamic_shared_as<\1>();", s)
+    return re.sub(r"__shared__[ \t]+([^;=(){}\n]+?)[ \t]+(\w+)[ \t]*((?:\[[^\]\n]*\][ \t]*)*);",
+                  r"static \1 \2\3; ::lfemu::static_shared(&\2, sizeof(\2));", s)
 
 
 def main():

@@ -9,8 +9,8 @@
 // - memory a capture allocates is refilled with 0xff at every launch of a graph made from it (its contents are
 //   undefined at each replay), so a replay that depends on an earlier one's leftovers shows it;
 // - LFEMU_RACECHECK=1: each launch runs in two orders, with the bytes nothing has written yet (no kernel, copy or
-//   memset) at 0xff in one run and 0x3f in the other: a differing result is a race or a read of unwritten memory
-//   (run_launch);
+//   memset) and every block's shared memory at 0xff in one run and 0x3f in the other: a differing result is a race
+//   or a read of unwritten memory (run_launch);
 // - in a thread under global capture mode, while a stream captures, synchronising calls fail and invalidate the capture
 //   (CUDA's rule), and so does a copy between pageable host memory and a capturing stream.
 #include <signal.h>
@@ -342,6 +342,8 @@ struct Block {
   unsigned char slots[kMaxThreads][16];
   int barrier_result = 0;
   std::vector<unsigned char> dynamic;
+  unsigned char fill = 0;            // this block's run's fill of unwritten shared memory
+  std::vector<const void*> statics;  // the static shared arrays this block has filled (static_shared)
 };
 Block* block = nullptr;  // the running launch's (under launch_mu)
 
@@ -539,7 +541,7 @@ bool run_block(Block& b, unsigned n) {
 // Every block of one launch, in block order or its reverse, each pass over a block's threads seeded from `seed`.
 // reverse: the blocks in reverse order, and each pass of a block's threads in the reverse of the order it has otherwise
 // (the same seed), so that every two threads racing in one pass run in both orders across the race check's two runs.
-// Dynamic shared memory starts each block as `fill` bytes.
+// Dynamic and static shared memory start each block as `fill` bytes (static: at its declaration, static_shared).
 void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t seed, unsigned char fill = kFresh) {
   order_flipped = reverse;
   const unsigned long long total = 1ull * grid.x * grid.y * grid.z;
@@ -549,6 +551,8 @@ void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t see
                       static_cast<unsigned>(i / (1ull * grid.x * grid.y))};
     order_state = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));  // per block, so both runs give block i the same passes
     std::fill(b.dynamic.begin(), b.dynamic.end(), fill);
+    b.fill = fill;
+    b.statics.clear();
     if (!run_block(b, n)) return;
   }
 }
@@ -600,7 +604,7 @@ struct Mismatch {
   long long byte = -1;
 };
 
-// Compares the race check's runs: `first` (device memory at kFresh where fresh, dynamic shared memory kFresh) and
+// Compares the race check's runs: `first` (device memory at kFresh where fresh, shared memory kFresh) and
 // `second` (kFreshAlt), the latter in memory now. A fresh byte holding kFresh then kFreshAlt was not written: it is
 // set back to kFresh and stays fresh; one holding the same value in both was written; any other difference is the
 // first mismatch returned. Under mu.
@@ -635,7 +639,7 @@ Mismatch compare_runs(const Snapshot& first, const Snapshot& second) {
 
 // LFEMU_RACECHECK=1: each launch runs twice from the same device memory, first with its blocks in reverse order and its
 // threads in another order, then as usual (whose memory stays), with what nothing has written (fresh device bytes,
-// dynamic shared memory) as kFresh in the first run and kFreshAlt in the second. A byte that differs between the two is
+// shared memory) as kFresh in the first run and kFreshAlt in the second. A byte that differs between the two is
 // a race (a missing __syncthreads, a block reading another's output) or a result computed from unwritten memory; a
 // third run, in the usual order from kFresh, tells which. This project's kernels have no floating-point atomics, so
 // their results never depend on the order.
@@ -732,6 +736,13 @@ void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes
 void* dynamic_shared() {
   auto p = reinterpret_cast<std::uintptr_t>(block->dynamic.data());
   return reinterpret_cast<void*>((p + 15) & ~std::uintptr_t{15});
+}
+
+void static_shared(void* p, std::size_t bytes) {
+  Block& b = *block;
+  if (std::find(b.statics.begin(), b.statics.end(), p) != b.statics.end()) return;
+  b.statics.push_back(p);
+  std::memset(p, b.fill, bytes);
 }
 
 std::atomic<std::uint64_t> kernels_asked{0}, memsets_asked{0}, copies_asked{0};

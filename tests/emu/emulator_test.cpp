@@ -38,7 +38,8 @@ struct Device {
 
 // Thread t stores t in shared memory; with the barrier, thread t then reads thread (t + 1)'s value.
 void neighbour(int* out, bool barrier) {
-  __shared__ int s[64];
+  static int s[64];  // cu_to_cpp.py's rewrite of `__shared__ int s[64];`
+  ::lfemu::static_shared(&s, sizeof(s));
   s[threadIdx.x] = static_cast<int>(threadIdx.x + 64 * blockIdx.x);
   if (barrier) __syncthreads();
   out[blockIdx.x * 64 + threadIdx.x] = s[(threadIdx.x + 1) % 64];
@@ -172,6 +173,31 @@ TEST(Emulator, UnwrittenSharedMemoryFails) {
   ::lfemu::Launch(dim3(2), dim3(32), sizeof(float))([](float* o) { shared_first(o); }, static_cast<float*>(out.p));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
   (void)cudaGetLastError();
+}
+
+// A static shared array that only block 0 writes (or, with `all`, every block): block 1 reads what no thread of it
+// wrote, which a device leaves undefined (the emulator's static storage would otherwise hold block 0's values).
+void static_shared_per_block(float* out, bool all) {
+  static float s[32];  // cu_to_cpp.py's rewrite of `__shared__ float s[32];`
+  ::lfemu::static_shared(&s, sizeof(s));
+  if (all || blockIdx.x == 0) s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  out[blockIdx.x * 32 + threadIdx.x] = s[(threadIdx.x + 1) % 32];
+}
+
+TEST(Emulator, StaticSharedMemoryIsUnwrittenInEachBlock) {
+  Device out(2 * 32 * sizeof(float));
+  ASSERT_EQ(launch(32, static_shared_per_block, static_cast<float*>(out.p), true), cudaSuccess);
+  std::vector<float> v = out.read<float>();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(v[i], static_cast<float>((i % 32 + 1) % 32)) << i;
+  const cudaError_t e = launch(32, static_shared_per_block, static_cast<float*>(out.p), false);
+  if (std::getenv("LFEMU_RACECHECK") != nullptr) {
+    EXPECT_EQ(e, cudaErrorLaunchFailure);  // block 1's values differ between the two fills
+  } else {
+    ASSERT_EQ(e, cudaSuccess);
+    v = out.read<float>();
+    for (int i = 32; i < 64; ++i) EXPECT_TRUE(std::isnan(v[i])) << i;  // 0xff bytes
+  }
 }
 
 // Reads the first int of scratch memory, then leaves 5 there.

@@ -21,7 +21,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
-#define __shared__ static  // one block runs at a time, so a function's statics are its block's shared memory
+// No __shared__: cu_to_cpp.py makes each declaration a static that lfemu::static_shared refills per block (one block
+// runs at a time), so one it missed does not compile.
 #define __launch_bounds__(...)
 
 struct uint3 {
@@ -173,6 +174,9 @@ int sync_block_or(int predicate, const void* site);
 void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes, unsigned src, const char* file,
                    int line);
 void* dynamic_shared();  // the launch's dynamic shared memory, zero bytes unless asked
+// A static `__shared__` array at p (cu_to_cpp.py's rewrite): at the block's first pass over its declaration, set to
+// the bytes unwritten memory holds in this run (0xff; the race check's second run 0x3f), as dynamic shared memory.
+void static_shared(void* p, std::size_t bytes);
 
 // What the process has asked of the emulated runtime so far, counted when asked (captured work when captured, not
 // when a graph replays it): kernel launches, memsets, copies. tests/emu/launch_count_test.cpp reads them.
