@@ -31,10 +31,12 @@ using std::int64_t;
 
 constexpr int kThreads = 256;
 constexpr int64_t kWarpRow = 1024;  // rows up to this length get a warp
-// multilabel_margin's label masks: in shared memory up to this many bytes a block (the kernel's own reduction slots
-// take the rest of the 48 KiB a launch may use without opting in), else in device scratch of at most 64 MiB (or one
-// mask, for rows over 512M classes).
-constexpr int64_t kSharedMaskBytes = 46 * 1024;
+// multilabel_margin's label masks: in shared memory up to this many bytes a block (360,448 classes a row), else in
+// device scratch of at most 64 MiB (or one mask, for rows over 512M classes). The kernel's static shared memory
+// (group_reduce's slots, fold_loss's block_reduce: 2 KiB of doubles, last_block_done's flag) takes under 4 KiB of
+// the 48 KiB a launch may use without opting in; the emulator fails a block past it (margin_cuda_test's
+// multilabel_margin_largest_shared_mask).
+constexpr int64_t kSharedMaskBytes = 44 * 1024;
 constexpr int64_t kMaskBudgetWords = int64_t{16} << 20;
 
 // A call's record on the device, zeroed before its first kernel when a field needs it.
@@ -482,9 +484,9 @@ void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels,
   const DeviceScope scope(operands);
   const bool capturing = stream_capturing();
   const bool scanning = checking && p.rows > 0 && reports_bad_values(capturing);
-  const Scratch<MarginRecord> record(1);
-  // Zeroed for the check's record, or for the fold's count under capture (fold_counter).
+  // The record, made and zeroed for the check's `bad`, or for the fold's count under capture (fold_counter).
   const bool zeroed = scanning || (reduced && capturing);
+  const Scratch<MarginRecord> record(zeroed ? 1 : 0);
   if (zeroed)
     check(cudaMemsetAsync(record.get(), 0, sizeof(MarginRecord), stream()), "cudaMemsetAsync (margin record)");
   if (scanning) {
@@ -514,7 +516,7 @@ void run_rows(const MarginParams& p, std::vector<Operand> operands, bool labels,
                  call.grad_scalar,
                  call.reduction == Reduction::mean,
                  reduced ? call.loss : nullptr,
-                 reduced ? fold_counter(zeroed, &record.get()->done) : nullptr};
+                 reduced ? fold_counter(zeroed, zeroed ? &record.get()->done : nullptr) : nullptr};
     a.p.weight = nullptr;
     a.p.block_loss = nullptr;
     a.p.device_call = nullptr;

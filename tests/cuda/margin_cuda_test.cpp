@@ -24,7 +24,8 @@ class MarginCuda : public ::testing::TestWithParam<Spec> {};
 TEST_P(MarginCuda, MatchesReference) { check_case(GetParam(), &kCuda); }
 
 // Rows past the warp kernels' 1024 elements (the block kernels), every loss, dtype and reduction; multilabel_margin
-// also with 400000 classes, whose label mask (50 KB) no longer fits shared memory.
+// also with 400000 classes, whose label mask (50 KB) no longer fits shared memory, and with the most classes whose
+// mask does (360448: 44 KiB, beside the kernel's static shared memory within a launch's 48 KiB).
 std::vector<Spec> long_row_specs() {
   std::vector<Spec> v;
   std::uint64_t k = 900;
@@ -40,6 +41,8 @@ std::vector<Spec> long_row_specs() {
   Spec s;
   s.kind = LossKind::multilabel_margin, s.dt = DType::f32, s.red = Reduction::sum, s.shape = {2, 400000};
   s.seed = ++k, s.name = "multilabel_margin_global_mask";
+  v.push_back(s);
+  s.shape = {2, 360448}, s.red = Reduction::mean, s.seed = ++k, s.name = "multilabel_margin_largest_shared_mask";
   v.push_back(s);
   return v;
 }

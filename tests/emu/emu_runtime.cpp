@@ -87,6 +87,7 @@ namespace {
 constexpr int kDevices = 2;
 constexpr std::size_t kPage = 4096, kAlign = 256;
 constexpr unsigned char kSlack = 0x7f, kFresh = 0xff;  // 0x7f...: a huge value in every float dtype a read adds
+constexpr std::size_t kSharedLimit = 48 * 1024;        // a block's shared memory (static + dynamic) without opting in
 
 std::mutex mu;  // memory map, streams, captures; a launch holds `launch_mu` instead
 std::recursive_mutex launch_mu;
@@ -344,6 +345,8 @@ struct Block {
   std::vector<unsigned char> dynamic;
   unsigned char fill = 0;            // this block's run's fill of unwritten shared memory
   std::vector<const void*> statics;  // the static shared arrays this block has filled (static_shared)
+  std::size_t static_bytes = 0;      // their bytes
+  std::size_t dynamic_bytes = 0;     // the launch's dynamic shared memory
 };
 Block* block = nullptr;  // the running launch's (under launch_mu)
 
@@ -553,6 +556,7 @@ void run_blocks(Block& b, dim3 grid, unsigned n, bool reverse, std::uint64_t see
     std::fill(b.dynamic.begin(), b.dynamic.end(), fill);
     b.fill = fill;
     b.statics.clear();
+    b.static_bytes = 0;
     if (!run_block(b, n)) return;
   }
 }
@@ -658,6 +662,7 @@ void run_launch(dim3 grid, dim3 blk, std::size_t smem, Launch::Task* task) {
   }
   b.task = task;
   b.dynamic.assign(smem + 16, kFresh);
+  b.dynamic_bytes = smem;
   Block* const outer = block;
   block = &b;
   const Builtins saved = builtins;
@@ -743,6 +748,13 @@ void static_shared(void* p, std::size_t bytes) {
   if (std::find(b.statics.begin(), b.statics.end(), p) != b.statics.end()) return;
   b.statics.push_back(p);
   std::memset(p, b.fill, bytes);
+  b.static_bytes += bytes;
+  if (b.static_bytes + b.dynamic_bytes > kSharedLimit && kernel_error == cudaSuccess) {
+    fail("a block's static shared memory (" + std::to_string(b.static_bytes) + " bytes reached so far) and dynamic (" +
+         std::to_string(b.dynamic_bytes) + ") exceed the " + std::to_string(kSharedLimit) +
+         " bytes a launch may use without opting in");
+    kernel_error = cudaErrorLaunchFailure;
+  }
 }
 
 std::atomic<std::uint64_t> kernels_asked{0}, memsets_asked{0}, copies_asked{0};
@@ -754,7 +766,7 @@ void Launch::submit(Task* task) const {
   ++kernels_asked;
   const unsigned long long threads = 1ull * block_.x * block_.y * block_.z;
   if (threads == 0 || threads > kMaxThreads || grid_.x == 0 || grid_.y == 0 || grid_.z == 0 || grid_.y > 65535 ||
-      grid_.z > 65535 || smem_ > 48 * 1024) {
+      grid_.z > 65535 || smem_ > kSharedLimit) {
     note(cudaErrorInvalidConfiguration);
     return;
   }

@@ -200,6 +200,26 @@ TEST(Emulator, StaticSharedMemoryIsUnwrittenInEachBlock) {
   }
 }
 
+// 40 KiB of static shared memory beside the launch's dynamic bytes: within a launch's 48 KiB or past it.
+void big_static(float* out) {
+  static float s[10 * 1024];  // cu_to_cpp.py's rewrite of `__shared__ float s[10 * 1024];`
+  ::lfemu::static_shared(&s, sizeof(s));
+  s[threadIdx.x] = 1;
+  __syncthreads();
+  out[blockIdx.x * 32 + threadIdx.x] = s[(threadIdx.x + 1) % 32];
+}
+
+TEST(Emulator, StaticAndDynamicSharedMemoryShareOneLimit) {
+  Device out(2 * 32 * sizeof(float));
+  for (const std::size_t dynamic : {std::size_t{8} << 10, std::size_t{9} << 10}) {
+    (void)cudaGetLastError();
+    ::lfemu::Launch(dim3(2), dim3(32), dynamic)([](float* o) { big_static(o); }, static_cast<float*>(out.p));
+    EXPECT_EQ(cudaDeviceSynchronize(), dynamic == (std::size_t{8} << 10) ? cudaSuccess : cudaErrorLaunchFailure)
+        << dynamic;
+    (void)cudaGetLastError();
+  }
+}
+
 // Reads the first int of scratch memory, then leaves 5 there.
 void read_then_set(int* scratch, int* out) {
   out[0] = scratch[0];

@@ -176,6 +176,7 @@ void warp_exchange(unsigned mask, const void* mine, void* out, std::size_t bytes
 void* dynamic_shared();  // the launch's dynamic shared memory, zero bytes unless asked
 // A static `__shared__` array at p (cu_to_cpp.py's rewrite): at the block's first pass over its declaration, set to
 // the bytes unwritten memory holds in this run (0xff; the race check's second run 0x3f), as dynamic shared memory.
+// A block whose static arrays reached so far and the launch's dynamic bytes pass 48 KiB fails the launch.
 void static_shared(void* p, std::size_t bytes);
 
 // What the process has asked of the emulated runtime so far, counted when asked (captured work when captured, not
